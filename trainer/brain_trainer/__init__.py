@@ -1,0 +1,32 @@
+"""brain_trainer: the runtime inside every worker (`python -m brain_trainer`).
+
+The public contract classes are importable from here. They import torch, so
+they load lazily: `import brain_trainer.config` stays torch-free for the
+operator.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from .config import DistributedConfig, TrainerConfig, load_config
+from .schema import ConfigError
+
+__version__ = "0.1.0"
+
+# name -> submodule that defines it (imported on first access; these need torch)
+_LAZY = {
+    "BrainAI": "model",
+    "DDPWrapper": "ddp",
+    "FSDPWrapper": "fsdp",
+    "GradientAccumulator": "accumulation",
+    "DistributedLauncher": "launcher",
+    "RankAwareDataLoader": "data",
+}
+
+__all__ = ["ConfigError", "DistributedConfig", "TrainerConfig", "load_config", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

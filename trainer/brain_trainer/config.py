@@ -1,0 +1,205 @@
+"""The trainer's configuration: a typed tree loaded from trainer.yaml.
+
+Torch-free: the operator renders this file into a ConfigMap and its memory
+planner reads it. Keys in YAML are the snake_case field names below.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import yaml
+
+from .schema import ConfigError, FieldError, from_dict, setting, to_dict
+
+PRESETS = ("minimal", "1b", "3b", "7b")
+STRATEGIES = ("auto", "single", "ddp", "fsdp")
+FSDP_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
+BACKENDS = ("auto", "nccl", "gloo")
+PRECISIONS = ("fp32", "bf16", "fp16")
+DATA_SOURCES = ("synthetic", "files")
+LR_SCALING = ("none", "linear")
+
+ENTRYPOINT_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
+
+
+@dataclass
+class ModelConfig:
+    """Which network to train."""
+
+    preset: str = setting("minimal", choices=PRESETS, help="BrainAI reference model size")
+    entrypoint: Optional[str] = setting(
+        None,
+        pattern=ENTRYPOINT_PATTERN,
+        help="package.module:function returning an nn.Module; replaces the preset",
+    )
+
+
+@dataclass
+class TrainingConfig:
+    """The optimisation loop."""
+
+    steps: int = setting(200, minimum=1, help="optimizer steps in total")
+    micro_batch_size: int = setting(8, minimum=1, help="sequences per rank per forward pass")
+    global_batch_size: Optional[int] = setting(
+        None,
+        minimum=1,
+        help="sequences per optimizer step over all ranks; derives gradient accumulation",
+    )
+    seq_len: int = setting(128, minimum=2, help="tokens per sequence")
+    learning_rate: float = setting(3e-4, minimum=0, exclusive_minimum=True, help="peak learning rate")
+    min_lr_ratio: float = setting(0.1, minimum=0, maximum=1, help="cosine decay floor as a fraction of the peak")
+    warmup_steps: int = setting(10, minimum=0, help="linear warmup steps")
+    lr_scaling: str = setting("none", choices=LR_SCALING, help="linear: scale the LR by effective batch / reference_batch_size")
+    reference_batch_size: int = setting(256, minimum=1, help="batch at which learning_rate was tuned")
+    weight_decay: float = setting(0.1, minimum=0)
+    grad_clip: float = setting(1.0, minimum=0, help="max gradient norm; 0 disables clipping")
+    seed: int = setting(0, minimum=0)
+    log_interval: int = setting(10, minimum=1, help="steps between rank-0 log lines")
+    compile: bool = setting(False, help="torch.compile the model (CUDA only)")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
+            yield (
+                "global_batch_size",
+                f"must be a multiple of micro_batch_size ({self.micro_batch_size}), got {self.global_batch_size}",
+            )
+
+
+@dataclass
+class DistributedConfig:
+    """How the model is spread over ranks (the seed's public contract, every field kept)."""
+
+    strategy: str = setting("auto", choices=STRATEGIES, help="auto asks the memory planner")
+    fsdp_sharding: str = setting("full_shard", choices=FSDP_SHARDING)
+    gradient_accumulation_steps: int = setting(1, minimum=1)
+    find_unused_parameters: bool = setting(False)
+    sync_batchnorm: bool = setting(True)
+    backend: str = setting("auto", choices=BACKENDS, help="auto: nccl when CUDA is available, else gloo")
+    num_nodes: int = setting(1, minimum=1)
+    node_rank: int = setting(0, minimum=0)
+    master_addr: str = setting("localhost")
+    master_port: int = setting(29500, minimum=1, maximum=65535)
+    activation_checkpointing: bool = setting(False)
+    cpu_offload: bool = setting(False)
+    mixed_precision_policy: str = setting("fp32", choices=PRECISIONS)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if self.node_rank >= self.num_nodes:
+            yield "node_rank", f"must be < num_nodes ({self.num_nodes}), got {self.node_rank}"
+
+    @classmethod
+    def preset(cls, scale: str) -> "DistributedConfig":
+        """The recommended settings for a model scale (minimal, 1b, 3b, 7b)."""
+        if scale not in DISTRIBUTED_PRESETS:
+            raise ConfigError([FieldError("model.preset", f"must be one of {', '.join(PRESETS)}; got {scale!r}")])
+        return replace(DISTRIBUTED_PRESETS[scale])
+
+    def resolved_backend(self, cuda_available: bool) -> str:
+        if self.backend == "auto":
+            return "nccl" if cuda_available else "gloo"
+        return self.backend
+
+
+DISTRIBUTED_PRESETS: dict[str, DistributedConfig] = {
+    "minimal": DistributedConfig(strategy="ddp"),
+    "1b": DistributedConfig(strategy="ddp", mixed_precision_policy="bf16"),
+    "3b": DistributedConfig(strategy="fsdp", fsdp_sharding="shard_grad_op", mixed_precision_policy="bf16"),
+    "7b": DistributedConfig(
+        strategy="fsdp", fsdp_sharding="full_shard", mixed_precision_policy="bf16", activation_checkpointing=True
+    ),
+}
+
+
+@dataclass
+class DataConfig:
+    """Where training sequences come from."""
+
+    source: str = setting("synthetic", choices=DATA_SOURCES, help="synthetic, or files: a glob of text files read as bytes")
+    path: Optional[str] = setting(None, help="glob of text files when source is files")
+    num_workers: int = setting(0, minimum=0, help="DataLoader worker processes per rank")
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if self.source == "files" and not self.path:
+            yield "path", "required when source is 'files'"
+
+
+@dataclass
+class CheckpointConfig:
+    """Sharded, atomically committed, resumable checkpoints."""
+
+    dir: str = setting("checkpoints", help="folder holding step-XXXXXXXX/ checkpoints")
+    interval_steps: int = setting(50, minimum=0, help="steps between checkpoints; 0 saves only at the end")
+    keep_last: int = setting(3, minimum=1, help="committed checkpoints to keep")
+    async_save: bool = setting(True, key="async", help="save in the background; the loop stalls only for staging")
+    enabled: bool = setting(True)
+
+
+@dataclass
+class TrainerConfig:
+    """Everything `python -m brain_trainer --config FILE` needs."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        if self.training.global_batch_size is not None and self.distributed.gradient_accumulation_steps != 1:
+            yield (
+                "distributed.gradient_accumulation_steps",
+                "set either training.global_batch_size or gradient_accumulation_steps, not both",
+            )
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step at this world size."""
+        gbs = self.training.global_batch_size
+        if gbs is None:
+            return self.distributed.gradient_accumulation_steps
+        per_step = self.training.micro_batch_size * world_size
+        if gbs % per_step:
+            raise ConfigError(
+                [
+                    FieldError(
+                        "training.global_batch_size",
+                        f"must be a multiple of micro_batch_size x world size ({per_step}), got {gbs}",
+                    )
+                ]
+            )
+        return gbs // per_step
+
+    def effective_batch_size(self, world_size: int) -> int:
+        return self.training.micro_batch_size * self.accumulation_steps(world_size) * world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def config_hash(self) -> str:
+        """A stable digest of the settings, recorded in checkpoint manifests."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "TrainerConfig":
+        return from_dict(cls, data)
+
+
+def load_config(path: str | Path) -> TrainerConfig:
+    """Read and validate a trainer.yaml; raises ConfigError naming each bad field."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError([FieldError("", f"cannot read config {path}: {exc.strerror}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([FieldError("", f"{path} is not valid YAML: {exc}")]) from None
+    return TrainerConfig.from_dict(data)

@@ -1,0 +1,317 @@
+"""Typed configuration dataclasses <-> plain dicts, with errors that name the field.
+
+One mechanism serves the trainer's YAML (snake_case keys), the operator's
+BrainTrainingJob spec (camelCase keys) and the CRD's OpenAPI schema, so every
+constraint (type, enum, minimum, required) is written once, on the dataclass
+field, with `setting(...)`.
+
+Torch-free on purpose: the operator imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import MISSING, dataclass
+from typing import Any, Iterable, Mapping
+
+__all__ = [
+    "ConfigError",
+    "FieldError",
+    "setting",
+    "from_dict",
+    "to_dict",
+    "openapi_schema",
+    "key_for",
+    "camel",
+]
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ConfigError(ValueError):
+    """One or more invalid fields; `errors` lists each with its path."""
+
+    def __init__(self, errors: Iterable[FieldError]):
+        self.errors = list(errors)
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    default_factory: Any = MISSING,
+    choices: tuple[str, ...] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+    pattern: str | None = None,
+    help: str = "",
+    key: str | None = None,
+) -> Any:
+    """A dataclass field with the constraints that validation and the CRD share.
+
+    `key` overrides the dict key (e.g. `async`, a Python keyword).
+    """
+    meta = {
+        "choices": choices,
+        "minimum": minimum,
+        "maximum": maximum,
+        "exclusive_minimum": exclusive_minimum,
+        "pattern": pattern,
+        "help": help,
+        "key": key,
+    }
+    if default_factory is not MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def key_for(f: dataclasses.Field, camel_case: bool) -> str:
+    explicit = f.metadata.get("key")
+    if explicit:
+        return explicit
+    return camel(f.name) if camel_case else f.name
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _describe(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}
+
+
+def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[FieldError]) -> Any:
+    tp, optional = _unwrap_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        errors.append(FieldError(path, f"must not be null"))
+        return None
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            errors.append(FieldError(path, f"must be a mapping, got {_describe(value)}"))
+            return None
+        return _build(tp, value, path, camel_case, errors)
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            errors.append(FieldError(path, f"must be a list, got {_describe(value)}"))
+            return None
+        return [_convert(item_tp, v, f"{path}[{i}]", camel_case, errors) for i, v in enumerate(value)]
+    if origin is dict:
+        _, val_tp = typing.get_args(tp)
+        if not isinstance(value, Mapping):
+            errors.append(FieldError(path, f"must be a mapping, got {_describe(value)}"))
+            return None
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                errors.append(FieldError(path, f"keys must be strings, got {_describe(k)}"))
+                continue
+            out[k] = v if val_tp is Any else _convert(val_tp, v, f"{path}.{k}", camel_case, errors)
+        return out
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:  # pragma: no cover - a programming error in a config dataclass
+        raise TypeError(f"unsupported config type {tp!r} at {path}")
+    errors.append(FieldError(path, f"must be {_TYPE_WORDS[tp]}, got {_describe(value)}"))
+    return None
+
+
+def _check_constraints(f: dataclasses.Field, value: Any, path: str, errors: list[FieldError]) -> None:
+    if value is None:
+        return
+    m = f.metadata
+    choices = m.get("choices")
+    if choices and value not in choices:
+        errors.append(FieldError(path, f"must be one of {', '.join(choices)}; got {_describe(value)}"))
+    lo = m.get("minimum")
+    if lo is not None and isinstance(value, (int, float)):
+        if m.get("exclusive_minimum") and not value > lo:
+            errors.append(FieldError(path, f"must be > {lo}, got {value}"))
+        elif not m.get("exclusive_minimum") and value < lo:
+            errors.append(FieldError(path, f"must be >= {lo}, got {value}"))
+    hi = m.get("maximum")
+    if hi is not None and isinstance(value, (int, float)) and value > hi:
+        errors.append(FieldError(path, f"must be <= {hi}, got {value}"))
+    pattern = m.get("pattern")
+    if pattern and isinstance(value, str) and not re.fullmatch(pattern, value):
+        errors.append(FieldError(path, f"must match {pattern}, got {_describe(value)}"))
+
+
+def _build(cls: type, data: Mapping, path: str, camel_case: bool, errors: list[FieldError]) -> Any:
+    hints = _hints(cls)
+    fields = {key_for(f, camel_case): f for f in dataclasses.fields(cls) if f.init}
+    prefix = f"{path}." if path else ""
+    for key in data:
+        if key not in fields:
+            known = ", ".join(fields)
+            errors.append(FieldError(f"{prefix}{key}", f"unknown field (known fields: {known})"))
+    kwargs = {}
+    n_before = len(errors)
+    for key, f in fields.items():
+        fpath = f"{prefix}{key}"
+        if key not in data:
+            if f.default is MISSING and f.default_factory is MISSING:
+                errors.append(FieldError(fpath, "required field is missing"))
+            continue
+        value = _convert(hints[f.name], data[key], fpath, camel_case, errors)
+        _check_constraints(f, value, fpath, errors)
+        kwargs[f.name] = value
+    if len(errors) > n_before:
+        return None
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        for name, message in check():
+            errors.append(FieldError(f"{prefix}{_field_key(cls, name, camel_case)}", message))
+    return obj
+
+
+def _field_key(cls: type, dotted: str, camel_case: bool) -> str:
+    """Map a dotted snake_case attribute path to its dict-key path."""
+    if not camel_case:
+        return dotted
+    out, current = [], cls
+    for part in dotted.split("."):
+        f = next((f for f in dataclasses.fields(current) if f.name == part), None) if current else None
+        if f is None:
+            out.append(part)
+            current = None
+            continue
+        out.append(key_for(f, True))
+        tp, _ = _unwrap_optional(_hints(current)[f.name])
+        current = tp if dataclasses.is_dataclass(tp) else None
+    return ".".join(out)
+
+
+def from_dict(cls: type, data: Any, *, path: str = "", camel_case: bool = False) -> Any:
+    """Build `cls` from a mapping, or raise ConfigError listing every bad field.
+
+    Unknown keys are errors. A dataclass may define `check(self)` yielding
+    `(dotted_field_name, message)` pairs for rules across fields.
+    """
+    errors: list[FieldError] = []
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError([FieldError(path, f"must be a mapping, got {_describe(data)}")])
+    obj = _build(cls, data, path, camel_case, errors)
+    if errors:
+        raise ConfigError(errors)
+    return obj
+
+
+def to_dict(obj: Any, *, camel_case: bool = False, drop_none: bool = True) -> Any:
+    """The inverse of from_dict: plain dicts, lists and scalars."""
+    if dataclasses.is_dataclass(obj):
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = to_dict(getattr(obj, f.name), camel_case=camel_case, drop_none=drop_none)
+            if value is None and drop_none:
+                continue
+            out[key_for(f, camel_case)] = value
+        return out
+    if isinstance(obj, list):
+        return [to_dict(v, camel_case=camel_case, drop_none=drop_none) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v, camel_case=camel_case, drop_none=drop_none) for k, v in obj.items()}
+    return obj
+
+
+_OPENAPI_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
+
+
+def _type_schema(tp: Any, camel_case: bool) -> dict:
+    tp, _ = _unwrap_optional(tp)
+    if dataclasses.is_dataclass(tp):
+        return openapi_schema(tp, camel_case=camel_case)
+    origin = typing.get_origin(tp)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        return {"type": "array", "items": _type_schema(item_tp, camel_case)}
+    if origin is dict:
+        _, val_tp = typing.get_args(tp)
+        if val_tp is Any:
+            return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        return {"type": "object", "additionalProperties": _type_schema(val_tp, camel_case)}
+    if tp is Any:
+        return {"x-kubernetes-preserve-unknown-fields": True}
+    return {"type": _OPENAPI_TYPES[tp]}
+
+
+def openapi_schema(cls: type, *, camel_case: bool = True) -> dict:
+    """A structural OpenAPI v3 schema for a config dataclass (for the CRD)."""
+    hints = _hints(cls)
+    props, required = {}, []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key = key_for(f, camel_case)
+        schema = _type_schema(hints[f.name], camel_case)
+        m = f.metadata
+        if m.get("help"):
+            schema = {"description": m["help"], **schema}
+        if m.get("choices"):
+            schema["enum"] = list(m["choices"])
+        if m.get("minimum") is not None:
+            schema["minimum"] = m["minimum"]
+            if m.get("exclusive_minimum"):
+                schema["exclusiveMinimum"] = True
+        if m.get("maximum") is not None:
+            schema["maximum"] = m["maximum"]
+        if m.get("pattern"):
+            schema["pattern"] = m["pattern"]
+        if _unwrap_optional(hints[f.name])[1]:
+            schema["nullable"] = True
+        props[key] = schema
+        if f.default is MISSING and f.default_factory is MISSING:
+            required.append(key)
+    out: dict = {"type": "object", "properties": props}
+    doc = (cls.__doc__ or "").strip()
+    if doc and not doc.startswith(cls.__name__ + "("):
+        out = {"description": doc.splitlines()[0], **out}
+    if required:
+        out["required"] = required
+    return out
