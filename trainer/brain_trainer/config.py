@@ -139,6 +139,16 @@ class CheckpointConfig:
     enabled: bool = setting(True)
 
 
+METRICS_PORT = 9400
+
+
+@dataclass
+class MetricsConfig:
+    """Rank 0's HTTP endpoint: Prometheus metrics and the JSON progress document."""
+
+    port: int = setting(METRICS_PORT, minimum=0, maximum=65535, help="rank 0 serves /metrics and /progress here; 0 disables")
+
+
 @dataclass
 class TrainerConfig:
     """Everything `python -m brain_trainer --config FILE` needs."""
@@ -148,6 +158,7 @@ class TrainerConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def check(self) -> Iterator[tuple[str, str]]:
         if self.training.global_batch_size is not None and self.distributed.gradient_accumulation_steps != 1:

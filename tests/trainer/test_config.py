@@ -1,0 +1,135 @@
+"""The typed configuration mechanism and the trainer's config tree (torch-free)."""
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import pytest
+
+from brain_trainer.config import DistributedConfig, TrainerConfig, load_config
+from brain_trainer.schema import ConfigError, from_dict, openapi_schema, setting, to_dict
+
+
+def errors_of(data) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        TrainerConfig.from_dict(data)
+    return [str(e) for e in info.value.errors]
+
+
+def test_defaults_round_trip_through_yaml(tmp_path):
+    cfg = TrainerConfig()
+    path = tmp_path / "trainer.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(path) == cfg
+    assert "async: true" in cfg.to_yaml()  # the Python keyword is spelled `async` in YAML
+
+
+def test_every_bad_field_is_reported_with_its_path_and_value():
+    errs = errors_of(
+        {
+            "distributed": {"fsdp_sharding": "fullshard", "master_port": 70000},
+            "training": {"steps": 0, "stepz": 1, "learning_rate": "fast"},
+        }
+    )
+    assert errs == [
+        "training.stepz: unknown field (known fields: steps, micro_batch_size, global_batch_size, seq_len, "
+        "learning_rate, min_lr_ratio, warmup_steps, lr_scaling, reference_batch_size, weight_decay, grad_clip, "
+        "seed, log_interval, compile)",
+        "training.steps: must be >= 1, got 0",
+        "training.learning_rate: must be a number, got 'fast'",
+        "distributed.fsdp_sharding: must be one of full_shard, shard_grad_op, no_shard, hybrid_shard; got 'fullshard'",
+        "distributed.master_port: must be <= 65535, got 70000",
+    ]
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ({"training": {"micro_batch_size": True}}, "training.micro_batch_size: must be an integer, got True"),
+        ({"training": {"learning_rate": 0}}, "training.learning_rate: must be > 0, got 0.0"),
+        ({"data": {"source": "files"}}, "data.path: required when source is 'files'"),
+        ({"model": {"entrypoint": "no colon"}}, "model.entrypoint: must match"),
+        ({"model": []}, "model: must be a mapping, got []"),
+        ({"distributed": {"num_nodes": 2, "node_rank": 2}}, "distributed.node_rank: must be < num_nodes (2), got 2"),
+        (
+            {"training": {"global_batch_size": 10, "micro_batch_size": 4}},
+            "training.global_batch_size: must be a multiple of micro_batch_size (4), got 10",
+        ),
+        (
+            {"training": {"global_batch_size": 16}, "distributed": {"gradient_accumulation_steps": 2}},
+            "distributed.gradient_accumulation_steps: set either training.global_batch_size",
+        ),
+    ],
+)
+def test_single_bad_field(data, expected):
+    errs = errors_of(data)
+    assert len(errs) == 1 and errs[0].startswith(expected), errs
+
+
+def test_accumulation_derived_from_global_batch():
+    cfg = TrainerConfig.from_dict({"training": {"micro_batch_size": 4, "global_batch_size": 32}})
+    assert cfg.accumulation_steps(world_size=2) == 4
+    assert cfg.effective_batch_size(world_size=2) == 32
+    with pytest.raises(ConfigError, match="multiple of micro_batch_size x world size \\(12\\)"):
+        cfg.accumulation_steps(world_size=3)
+
+
+def test_config_hash_tracks_settings():
+    a, b = TrainerConfig(), TrainerConfig.from_dict({"training": {"steps": 7}})
+    assert a.config_hash() == TrainerConfig().config_hash()
+    assert a.config_hash() != b.config_hash()
+
+
+def test_distributed_presets_and_backend():
+    assert DistributedConfig.preset("7b").strategy == "fsdp"
+    assert DistributedConfig.preset("7b").fsdp_sharding == "full_shard"
+    assert DistributedConfig.preset("3b").fsdp_sharding == "shard_grad_op"
+    with pytest.raises(ConfigError, match="model.preset"):
+        DistributedConfig.preset("13b")
+    assert DistributedConfig().resolved_backend(cuda_available=True) == "nccl"
+    assert DistributedConfig().resolved_backend(cuda_available=False) == "gloo"
+    assert DistributedConfig(backend="gloo").resolved_backend(cuda_available=True) == "gloo"
+
+
+def test_unreadable_or_invalid_yaml_is_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+@dataclass
+class _Inner:
+    size: int = setting(1, minimum=1)
+
+
+@dataclass
+class _Outer:
+    """A camelCase model for the CRD."""
+
+    image_name: str = setting(help="required")
+    inner_thing: _Inner = setting(default_factory=_Inner)
+    extra: Optional[dict[str, Any]] = setting(None)
+
+
+def test_camel_case_paths_schema_and_round_trip():
+    with pytest.raises(ConfigError) as info:
+        from_dict(_Outer, {"innerThing": {"size": 0}}, path="spec", camel_case=True)
+    assert [str(e) for e in info.value.errors] == [
+        "spec.imageName: required field is missing",
+        "spec.innerThing.size: must be >= 1, got 0",
+    ]
+    obj = from_dict(_Outer, {"imageName": "x", "extra": {"a": [1]}}, camel_case=True)
+    assert to_dict(obj, camel_case=True) == {"imageName": "x", "innerThing": {"size": 1}, "extra": {"a": [1]}}
+    schema = openapi_schema(_Outer)
+    assert schema["required"] == ["imageName"]
+    assert schema["properties"]["innerThing"]["properties"]["size"] == {"type": "integer", "minimum": 1}
+    assert schema["properties"]["extra"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_config_modules_do_not_import_torch():
+    code = "import sys, brain_trainer, brain_trainer.config, brain_trainer.exitcodes; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,119 @@
+"""Rank 0's HTTP endpoint: Prometheus metrics at /metrics, the progress document at /progress.
+
+The operator polls /progress for `status.progress`; Prometheus scrapes
+/metrics (the rendered pod names the port `metrics` and carries the usual
+`prometheus.io/*` annotations). Torch-free, and served from a daemon thread
+so a slow scraper never stalls training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Mapping, Optional
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
+log = logging.getLogger(__name__)
+
+PROGRESS_PATH = "/progress"
+METRICS_PATH = "/metrics"
+
+# progress-document key -> (metric name, help)
+_FROM_PROGRESS = {
+    "step": ("brain_trainer_step", "Optimizer steps completed"),
+    "total_steps": ("brain_trainer_total_steps", "Optimizer steps the job will run"),
+    "loss": ("brain_trainer_loss", "Training loss of the last logged step, averaged over ranks"),
+    "tokens_per_second": ("brain_trainer_tokens_per_second", "Training throughput over all ranks"),
+    "last_checkpoint_step": ("brain_trainer_last_checkpoint_step", "Step of the newest committed checkpoint"),
+}
+# keyword of publish() -> (metric name, help)
+_EXTRAS = {
+    "step_time": ("brain_trainer_step_time_seconds", "Wall time of one optimizer step"),
+    "learning_rate": ("brain_trainer_learning_rate", "Current learning rate"),
+    "peak_memory_bytes": ("brain_trainer_peak_memory_bytes", "Peak accelerator (or host) memory of rank 0"),
+}
+
+
+class MetricsServer:
+    """Serves the latest published progress and metrics until closed."""
+
+    def __init__(self, port: int, host: str = "0.0.0.0"):
+        self.registry = CollectorRegistry()
+        self._gauges = {
+            key: Gauge(name, doc, registry=self.registry) for key, (name, doc) in {**_FROM_PROGRESS, **_EXTRAS}.items()
+        }
+        restarts = Gauge(
+            "brain_trainer_restarts", "Worker-group restarts seen by torchrun (TORCHELASTIC_RESTART_COUNT)",
+            registry=self.registry,
+        )
+        restarts.set(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+        self._progress: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer((host, port), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="brain-metrics", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def publish(self, progress: Mapping[str, Any], **extras: Optional[float]) -> None:
+        """Record a new progress document; extras are step_time, learning_rate, peak_memory_bytes."""
+        unknown = set(extras) - set(_EXTRAS)
+        if unknown:
+            raise TypeError(f"unknown metrics: {sorted(unknown)}")
+        with self._lock:
+            self._progress = dict(progress)
+        for key, value in {**progress, **extras}.items():
+            if key in self._gauges and isinstance(value, (int, float)):
+                self._gauges[key].set(value)
+
+    def progress_json(self) -> bytes:
+        with self._lock:
+            return json.dumps(self._progress).encode()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                path = self.path.split("?", 1)[0]
+                if path == METRICS_PATH:
+                    self._reply(200, CONTENT_TYPE_LATEST, generate_latest(server.registry))
+                elif path == PROGRESS_PATH:
+                    self._reply(200, "application/json", server.progress_json())
+                else:
+                    self._reply(404, "text/plain", b"not found\n")
+
+            def _reply(self, code: int, content_type: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:  # scrapes every few seconds: keep worker logs clean
+                pass
+
+        return Handler
+
+
+def start_metrics_server(port: int) -> Optional[MetricsServer]:
+    """The server on `port`, or None when disabled (0) or the port is taken: metrics never stop training."""
+    if port == 0:
+        return None
+    try:
+        return MetricsServer(port)
+    except OSError as exc:
+        log.warning("metrics endpoint disabled: cannot listen on port %d: %s", port, exc.strerror)
+        return None
