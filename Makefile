@@ -18,5 +18,15 @@ $(STAMP): pyproject.toml
 test: setup
 	$(PY) -m pytest -q
 
+# Both images (Dockerfile targets). Name them with TRAINER_IMAGE / OPERATOR_IMAGE;
+# TRAINER_BUILD_ARGS picks a CUDA base, e.g. "--build-arg BASE_IMAGE=... --build-arg TORCH_INDEX_URL=...".
+images:
+	docker build --target trainer --tag $(or $(TRAINER_IMAGE),brain-train/trainer:dev) $(TRAINER_BUILD_ARGS) .
+	docker build --target operator --tag $(or $(OPERATOR_IMAGE),brain-train/operator:dev) .
+
+# End to end on kind (docker, kind, kubectl, helm): DRY_RUN=1 prints the plan, TEARDOWN=1 deletes the cluster.
+kind-e2e:
+	DRY_RUN=$(DRY_RUN) TEARDOWN=$(TEARDOWN) bash deploy/kind/e2e.sh
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache

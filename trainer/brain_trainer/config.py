@@ -87,6 +87,7 @@ class DistributedConfig:
     activation_checkpointing: bool = setting(False)
     cpu_offload: bool = setting(False)
     mixed_precision_policy: str = setting("fp32", choices=PRECISIONS)
+    timeout_seconds: int = setting(1800, minimum=1, help="collective timeout of the process group (init_process_group)")
 
     def check(self) -> Iterator[tuple[str, str]]:
         if self.node_rank >= self.num_nodes:
@@ -122,6 +123,7 @@ class DataConfig:
     source: str = setting("synthetic", choices=DATA_SOURCES, help="synthetic, or files: a glob of text files read as bytes")
     path: Optional[str] = setting(None, help="glob of text files when source is files")
     num_workers: int = setting(0, minimum=0, help="DataLoader worker processes per rank")
+    num_samples: int = setting(65536, minimum=1, help="sequences in the synthetic dataset (one epoch)")
 
     def check(self) -> Iterator[tuple[str, str]]:
         if self.source == "files" and not self.path:

@@ -93,6 +93,7 @@ class SyntheticDataset(Dataset):
         self.seed = seed
         g = torch.Generator().manual_seed(seed)
         self.successor = torch.randperm(VOCAB_SIZE, generator=g)
+        self._successor = self.successor.tolist()
 
     def __len__(self) -> int:
         return self.num_samples
@@ -100,20 +101,21 @@ class SyntheticDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + index + 1)
         n = self.seq_len + 1
-        noise = torch.randint(0, VOCAB_SIZE, (n,), generator=g)
-        replaced = torch.rand(n, generator=g) < self.NOISE
-        seq = torch.empty(n, dtype=torch.long)
-        seq[0] = noise[0]
-        for t in range(1, n):
-            seq[t] = noise[t] if replaced[t] else self.successor[seq[t - 1]]
-        return seq[:-1], seq[1:]
+        noise = torch.randint(0, VOCAB_SIZE, (n,), generator=g).tolist()
+        replaced = (torch.rand(n, generator=g) < self.NOISE).tolist()
+        successor = self._successor
+        seq = [noise[0]]
+        for t in range(1, n):  # sequential by nature; plain ints keep it cheap
+            seq.append(noise[t] if replaced[t] else successor[seq[-1]])
+        tokens = torch.tensor(seq)
+        return tokens[:-1], tokens[1:]
 
 
-def build_dataset(data: DataConfig, seq_len: int, seed: int, num_samples: int) -> Dataset:
-    """The dataset a DataConfig names; synthetic ones hold `num_samples` sequences."""
+def build_dataset(data: DataConfig, seq_len: int, seed: int) -> Dataset:
+    """The dataset a DataConfig names."""
     if data.source == "files":
         return ByteFileDataset(data.path, seq_len)
-    return SyntheticDataset(num_samples, seq_len, seed)
+    return SyntheticDataset(data.num_samples, seq_len, seed)
 
 
 def rank_positions(

@@ -108,6 +108,11 @@ def _describe(value: Any) -> str:
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}
 
 
+def _is_int_or_string(tp: Any) -> bool:
+    """`int | str`: Kubernetes' int-or-string (quantities such as `2` or `"500m"`)."""
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {int, str}
+
+
 def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[FieldError]) -> Any:
     tp, optional = _unwrap_optional(tp)
     if value is None:
@@ -141,6 +146,11 @@ def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[Fiel
         return out
     if tp is Any:
         return value
+    if _is_int_or_string(tp):
+        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        errors.append(FieldError(path, f"must be an integer or a string, got {_describe(value)}"))
+        return None
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -278,6 +288,8 @@ def _type_schema(tp: Any, camel_case: bool) -> dict:
         return {"type": "object", "additionalProperties": _type_schema(val_tp, camel_case)}
     if tp is Any:
         return {"x-kubernetes-preserve-unknown-fields": True}
+    if _is_int_or_string(tp):
+        return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
     return {"type": _OPENAPI_TYPES[tp]}
 
 
@@ -302,7 +314,8 @@ def openapi_schema(cls: type, *, camel_case: bool = True) -> dict:
         if m.get("maximum") is not None:
             schema["maximum"] = m["maximum"]
         if m.get("pattern"):
-            schema["pattern"] = m["pattern"]
+            # OpenAPI patterns match anywhere; ours match the whole value.
+            schema["pattern"] = f"^(?:{m['pattern']})$"
         if _unwrap_optional(hints[f.name])[1]:
             schema["nullable"] = True
         props[key] = schema

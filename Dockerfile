@@ -1,0 +1,65 @@
+# syntax=docker/dockerfile:1
+# Two images from one file:
+#   docker build --target trainer  -t brain-train-trainer  .   (CPU torch by default)
+#   docker build --target operator -t brain-train-operator .   (kopf operator, no torch)
+# CUDA trainer: --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+#               --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG BASE_IMAGE=${PYTHON_IMAGE}
+
+# ---- wheel: the project as one pure-Python wheel; sources never reach a runtime image.
+FROM ${PYTHON_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY trainer/ trainer/
+COPY operator/ operator/
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+# ---- trainer: torchrun + brain_trainer, started by the operator as each worker pod.
+FROM ${BASE_IMAGE} AS trainer
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PATH=/opt/venv/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# CUDA bases ship no Python; the default Python base already has one. Package
+# versions come from whichever base is chosen, so they cannot be pinned here.
+# UID 1000 is the one the operator's pods run as; Ubuntu bases already have it.
+# hadolint ignore=DL3008
+RUN if ! command -v python3 >/dev/null; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends python3 python3-venv \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && python3 -m venv /opt/venv \
+    && { getent passwd 1000 >/dev/null \
+         || useradd --uid 1000 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin brain; }
+# torch first, from the index that matches the base (CPU or a CUDA version), so
+# the project's own `torch==` pin below is already satisfied.
+RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# The project's own wheel, a local file (hadolint cannot see that it is pinned).
+# hadolint ignore=DL3013
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    set -- /wheels/*.whl \
+    && pip install --no-cache-dir "$1[trainer]"
+WORKDIR /tmp
+USER 1000:1000
+ENTRYPOINT ["torchrun"]
+CMD ["-m", "brain_trainer", "--config", "/etc/brain/trainer.yaml"]
+
+# ---- operator: the kopf operator; no torch.
+FROM ${PYTHON_IMAGE} AS operator
+ENV PATH=/opt/venv/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python3 -m venv /opt/venv \
+    && useradd --uid 1000 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin brain
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-cache-dir /wheels/*.whl
+WORKDIR /tmp
+USER 1000:1000
+ENTRYPOINT ["braintrain"]
+CMD ["operator", "--all-namespaces"]

@@ -1,0 +1,113 @@
+"""brain_trainer's loop against a plain DDP loop: same model, data and steps on 2 gloo ranks.
+
+    .venv/bin/python benchmarks/trainer_overhead.py [--steps 60] [--repeats 3]
+
+Prints tokens/s of each (median over alternating repeats) and their ratio
+(target >= 0.97). "checkpoints on" keeps checkpointing enabled with only the
+final save, so the per-step preemption vote is included; the final save
+itself is outside the timed loop in both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import socket
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from brain_trainer.config import TrainerConfig
+from brain_trainer.data import ByteFileDataset
+from brain_trainer.model import build_model
+from brain_trainer.train import train
+
+WORLD_SIZE = 2
+MICRO_BATCH = 8
+SEQ_LEN = 64
+
+
+def job(steps: int, checkpoint_dir: str | None) -> TrainerConfig:
+    return TrainerConfig.from_dict({
+        "model": {"preset": "minimal"},
+        "training": {"steps": steps, "micro_batch_size": MICRO_BATCH, "seq_len": SEQ_LEN, "log_interval": steps},
+        "distributed": {"strategy": "ddp"},
+        "data": {"source": "files", "path": str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")},
+        "checkpoint": {"enabled": checkpoint_dir is not None, "dir": checkpoint_dir or "unused", "interval_steps": 0},
+        "metrics": {"port": 0},
+    })
+
+
+def plain_ddp(cfg: TrainerConfig, rank: int) -> float:
+    """The loop everyone writes first: DDP, AdamW, clipping, a DistributedSampler. Returns tokens/s."""
+    t = cfg.training
+    torch.manual_seed(t.seed)
+    model = DistributedDataParallel(build_model(cfg.model))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, betas=(0.9, 0.95), weight_decay=t.weight_decay)
+    dataset = ByteFileDataset(cfg.data.path, t.seq_len)
+    sampler = DistributedSampler(dataset, num_replicas=WORLD_SIZE, rank=rank, seed=t.seed, drop_last=True)
+    batches = iter(DataLoader(dataset, batch_size=t.micro_batch_size, sampler=sampler, drop_last=True))
+    start = time.perf_counter()
+    for _ in range(t.steps):
+        x, y = next(batches)
+        loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    loss.item()
+    elapsed = time.perf_counter() - start
+    return t.steps * t.micro_batch_size * WORLD_SIZE * t.seq_len / elapsed
+
+
+def _rank(rank: int, port: int, steps: int, repeats: int, queue) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    results: dict[str, list[float]] = {"plain DDP loop": [], "brain_trainer": [], "brain_trainer, checkpoints on": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(repeats):  # alternate, so drift in machine load hits every variant alike
+            results["plain DDP loop"].append(plain_ddp(job(steps, None), rank))
+            results["brain_trainer"].append(train(job(steps, None)).tokens_per_second)
+            ckpt_dir = os.path.join(tmp, f"run{i}")
+            results["brain_trainer, checkpoints on"].append(train(job(steps, ckpt_dir)).tokens_per_second)
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_rank, args=(port, args.steps, args.repeats, queue), nprocs=WORLD_SIZE, start_method="spawn")
+    results = queue.get()
+    medians = {name: statistics.median(values) for name, values in results.items()}
+    baseline = medians["plain DDP loop"]
+    print(f"minimal preset, {WORLD_SIZE} gloo ranks, micro-batch {MICRO_BATCH}, seq_len {SEQ_LEN}, "
+          f"{args.steps} steps, median of {args.repeats}")
+    for name, value in medians.items():
+        runs = ", ".join(f"{v:.0f}" for v in results[name])
+        print(f"  {name:32s} {value:10.0f} tokens/s  ratio {value / baseline:.3f}   (runs: {runs})")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

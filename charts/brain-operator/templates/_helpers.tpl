@@ -1,0 +1,100 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "brain-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Release-qualified name used for every object this chart creates. */}}
+{{- define "brain-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "brain-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels: stable across upgrades, so never the version. */}}
+{{- define "brain-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "brain-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "brain-operator.labels" -}}
+helm.sh/chart: {{ include "brain-operator.chart" . }}
+{{ include "brain-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: brain-train
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "brain-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "brain-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces watched in namespaced mode: watchNamespaces, or the release's own. */}}
+{{- define "brain-operator.watchNamespaces" -}}
+{{- if .Values.watchNamespaces }}
+{{- toJson .Values.watchNamespaces }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The rules the operator needs in every namespace it serves. tests/chart/operator_permissions.py
+holds the same list, derived from what brain_operator calls; a test keeps the two equal.
+*/}}
+{{- define "brain-operator.namespacedRules" -}}
+# Follow jobs (kopf) and patch its bookkeeping annotations; read one job.
+- apiGroups: ["brain.ai"]
+  resources: ["braintrainingjobs"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["brain.ai"]
+  resources: ["braintrainingjobs/status"]
+  verbs: ["patch"]
+# Worker pods: created, watched for status, deleted on suspend, scale-down or retry.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch", "create", "delete"]
+# Per-job children (headless Service, trainer.yaml ConfigMap, checkpoint claim):
+# recreated when missing, garbage-collected through owner references.
+- apiGroups: [""]
+  resources: ["services", "configmaps", "persistentvolumeclaims"]
+  verbs: ["list", "create"]
+# Events on jobs: phase transitions, worker failures, kopf's handler progress.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if .Values.pytorchjob.enabled }}
+# backend: pytorchjob hands the workers to the Kubeflow training operator.
+- apiGroups: ["kubeflow.org"]
+  resources: ["pytorchjobs"]
+  verbs: ["list", "create", "patch"]
+{{- end }}
+{{- end }}
+
+{{/*
+Defaults the operator applies to jobs that omit them: the variables
+brain_operator.spec.OperatorDefaults.from_env reads.
+*/}}
+{{- define "brain-operator.defaultsEnv" -}}
+- name: BRAIN_TRAINER_IMAGE
+  value: {{ .Values.trainer.image | quote }}
+- name: BRAIN_TRAINER_IMAGE_PULL_POLICY
+  value: {{ .Values.trainer.imagePullPolicy | quote }}
+- name: BRAIN_NCCL_ENV
+  value: {{ .Values.trainer.ncclEnv | toJson | quote }}
+{{- end }}

@@ -1,0 +1,152 @@
+"""`braintrain`: run, render, validate and size BrainTrainingJobs; start the operator.
+
+Every command reads the manifest the way the operator does (`spec.parse_job`)
+and renders with the operator's own functions, so what `render` prints is
+what the cluster gets and what `run` executes locally. Errors are one line
+each (`FILE: spec.training.steps: must be >= 1, got 0`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import yaml
+from brain_trainer.schema import ConfigError, FieldError
+
+from . import __version__
+from .local_plan import LocalRunError
+from .spec import JOB_BACKENDS, OperatorDefaults, parse_job
+
+__all__ = ["main"]
+
+
+class CliError(Exception):
+    """A problem the user can fix, reported as one line."""
+
+
+def load_manifest(path: Path) -> dict[str, Any]:
+    """The YAML document in `path` (ConfigError with one readable line when it is not one)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CliError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise ConfigError([FieldError("", f"a BrainTrainingJob must be a mapping, got {type(data).__name__}")])
+    return data
+
+
+def _with_backend(manifest: dict[str, Any], backend: Optional[str]) -> dict[str, Any]:
+    if backend is None or not isinstance(manifest.get("spec"), dict):
+        return manifest
+    return {**manifest, "spec": {**manifest["spec"], "backend": backend}}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .local import run_job
+
+    manifest = load_manifest(args.file)
+    return run_job(manifest, base_dir=args.file.resolve().parent, workdir=args.workdir)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from .render import render
+
+    manifest = _with_backend(load_manifest(args.file), args.backend)
+    job = parse_job(manifest, defaults=OperatorDefaults.from_env())
+    sys.stdout.write(yaml.safe_dump_all(render(job), sort_keys=False))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    manifest = load_manifest(args.file)
+    job = parse_job(manifest, require_image=not args.local, defaults=OperatorDefaults.from_env())
+    print(f"{args.file}: valid BrainTrainingJob {job.name!r} ({job.spec.nodes} x {job.spec.nproc_per_node} processes)")
+    return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from .estimate import estimate_lines
+
+    job = parse_job(load_manifest(args.file), require_image=False)
+    print("\n".join(estimate_lines(job, device_memory_gib=args.device_memory)))
+    return 0
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from .handlers import run
+
+    if not args.namespace and not args.all_namespaces:
+        raise CliError("name the namespaces to watch: --namespace NS (repeatable) or --all-namespaces")
+    run(
+        namespaces=args.namespace or (),
+        all_namespaces=args.all_namespaces,
+        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz",
+        metrics_port=args.metrics_port,
+    )
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="braintrain",
+        description="Kubernetes-native distributed PyTorch training: one BrainTrainingJob, on a laptop or a cluster.",
+    )
+    parser.add_argument("--version", action="version", version=f"braintrain {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    def manifest_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("file", type=Path, metavar="FILE", help="a BrainTrainingJob manifest (YAML)")
+
+    p = command("run", cmd_run, "train the job locally: one torchrun agent per worker pod, on this machine")
+    manifest_arg(p)
+    p.add_argument("--workdir", type=Path, help="checkpoints, config and scratch folders (default: ./runs/<job-name>)")
+
+    p = command("render", cmd_render, "print the Kubernetes objects the operator creates for the job")
+    manifest_arg(p)
+    p.add_argument("--backend", choices=JOB_BACKENDS, help="override spec.backend")
+
+    p = command("validate", cmd_validate, "check the manifest; exit 1 with one line per invalid field")
+    manifest_arg(p)
+    p.add_argument("--local", action="store_true", help="as `braintrain run` reads it: no image needed")
+
+    p = command("estimate", cmd_estimate, "per-rank memory of the job and the strategy the planner picks")
+    manifest_arg(p)
+    p.add_argument(
+        "--device-memory", type=float, metavar="GIB", help="memory per device (default: from spec.resources or 80)"
+    )
+
+    p = command("operator", cmd_operator, "run the BrainTrainingJob operator (kopf) against the current cluster")
+    p.add_argument("--namespace", action="append", metavar="NS", help="watch this namespace (repeatable)")
+    p.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz on this port (default 8080)")
+    p.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus metrics on this port (default 9090)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigError as exc:
+        where = getattr(args, "file", None)
+        for error in exc.errors:
+            print(f"{where}: {error}" if where else str(error), file=sys.stderr)
+        return 1
+    except (CliError, LocalRunError) as exc:
+        print(f"braintrain: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("braintrain: interrupted", file=sys.stderr)
+        return 130

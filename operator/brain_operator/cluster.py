@@ -1,0 +1,106 @@
+"""The operator's only door to the Kubernetes API: a small, idempotent client.
+
+`ClusterClient` names the handful of calls reconcile makes; `KubernetesClient`
+implements them over the official `kubernetes` package's dynamic client, so
+one code path serves core kinds and custom resources (PyTorchJob) alike.
+Tests use an in-memory implementation of the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Protocol
+
+from kubernetes import client, config
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
+
+from .render.common import JOB_NAME_LABEL
+from .spec import API_VERSION, KIND
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True, order=True)
+class ObjectRef:
+    api_version: str
+    kind: str
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> "ObjectRef":
+        meta = obj.get("metadata") or {}
+        return cls(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+
+
+class ClusterClient(Protocol):
+    def get_job(self, namespace: str, name: str) -> Optional[dict]:
+        """The BrainTrainingJob, or None when it is gone."""
+
+    def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
+        """Objects of one kind labelled `brain.ai/job-name=<job_name>`."""
+
+    def create(self, obj: Mapping[str, Any]) -> bool:
+        """Create unless it exists; True when this call created it."""
+
+    def delete(self, ref: ObjectRef) -> None:
+        """Delete; an object already gone is fine."""
+
+    def patch(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
+        """JSON merge patch of an object's spec or metadata."""
+
+    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """JSON merge patch of a BrainTrainingJob's status subresource (None removes a key)."""
+
+
+class KubernetesClient:
+    """ClusterClient over a real API server (in-cluster config, else ~/.kube/config)."""
+
+    def __init__(self, api_client: Any = None) -> None:
+        if api_client is None:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            api_client = client.ApiClient()
+        self._dynamic = DynamicClient(api_client)
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        return self._dynamic.resources.get(api_version=api_version, kind=kind)
+
+    def get_job(self, namespace: str, name: str) -> Optional[dict]:
+        try:
+            return self._resource(API_VERSION, KIND).get(name=name, namespace=namespace).to_dict()
+        except NotFoundError:
+            return None
+
+    def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
+        found = self._resource(api_version, kind).get(namespace=namespace, label_selector=f"{JOB_NAME_LABEL}={job_name}")
+        return list(found.to_dict().get("items") or [])
+
+    def create(self, obj: Mapping[str, Any]) -> bool:
+        ref = ObjectRef.of(obj)
+        try:
+            self._resource(ref.api_version, ref.kind).create(body=dict(obj), namespace=ref.namespace)
+        except ConflictError:
+            return False
+        return True
+
+    def delete(self, ref: ObjectRef) -> None:
+        try:
+            self._resource(ref.api_version, ref.kind).delete(
+                name=ref.name, namespace=ref.namespace, body={"propagationPolicy": "Background"}
+            )
+        except NotFoundError:
+            pass
+
+    def patch(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
+        self._resource(ref.api_version, ref.kind).patch(
+            body=dict(body), name=ref.name, namespace=ref.namespace, content_type=MERGE_PATCH
+        )
+
+    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        self._resource(API_VERSION, KIND).status.patch(
+            body={"status": dict(patch)}, name=name, namespace=namespace, content_type=MERGE_PATCH
+        )

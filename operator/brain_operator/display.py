@@ -1,0 +1,191 @@
+"""What the local runner shows: worker output, live progress, the final summary.
+
+On a terminal a `rich` progress bar (step/total, loss, tokens/s, ETA) stays
+under the workers' output; elsewhere (CI, a pipe) a plain line is printed at
+most every `interval` seconds, and only when the step moved. Both read the
+progress document rank 0 writes (brain_trainer.progress). The formatting
+functions are pure.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Protocol, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.text import Text
+
+__all__ = [
+    "Display",
+    "PlainDisplay",
+    "RichDisplay",
+    "RunSummary",
+    "format_duration",
+    "make_display",
+    "progress_line",
+    "read_progress",
+    "summary_lines",
+]
+
+
+def read_progress(path: Path) -> Optional[dict[str, Any]]:
+    """The newest progress document, or None before rank 0 wrote one.
+
+    The trainer replaces the file atomically, so a partial document means a
+    foreign writer; it reads as "no news" rather than stopping the run.
+    """
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def format_duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    total = max(0, int(round(seconds)))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _num(doc: Mapping[str, Any], key: str) -> Optional[float]:
+    value = doc.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _loss(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _rate(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def progress_line(doc: Mapping[str, Any]) -> str:
+    """`step 120/200 (60%)  loss 2.1342  12,345 tok/s  ETA 0m32s`"""
+    step, total = int(_num(doc, "step") or 0), int(_num(doc, "total_steps") or 0)
+    percent = f" ({100 * step // total}%)" if total else ""
+    return (
+        f"step {step}/{total or '?'}{percent}  loss {_loss(_num(doc, 'loss'))}  "
+        f"{_rate(_num(doc, 'tokens_per_second'))} tok/s  ETA {format_duration(_num(doc, 'eta_seconds'))}"
+    )
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    status: str
+    step: Optional[int]
+    total_steps: int
+    loss: Optional[float]
+    tokens_per_second: Optional[float]
+    wall_seconds: float
+    checkpoint: Optional[str]
+    restarts: int
+    message: str = ""
+
+
+def summary_lines(s: RunSummary) -> list[str]:
+    lines = [
+        f"status:      {s.status}" + (f" ({s.message})" if s.message else ""),
+        f"steps:       {'-' if s.step is None else s.step}/{s.total_steps}",
+        f"final loss:  {_loss(s.loss)}",
+        f"tokens/s:    {_rate(s.tokens_per_second)}",
+        f"wall time:   {format_duration(s.wall_seconds)}",
+        f"restarts:    {s.restarts}",
+        f"checkpoint:  {s.checkpoint or '-'}",
+    ]
+    return lines
+
+
+class Display(Protocol):
+    def log(self, pod: str, line: str) -> None: ...
+
+    def note(self, message: str) -> None: ...
+
+    def update(self, doc: Optional[Mapping[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class PlainDisplay:
+    """Line-oriented output for logs and CI."""
+
+    def __init__(self, stream: TextIO, *, interval: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        self.stream = stream
+        self.interval = interval
+        self.clock = clock
+        self._last_time: Optional[float] = None
+        self._last_step: Optional[int] = None
+
+    def _print(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def log(self, pod: str, line: str) -> None:
+        self._print(f"[{pod}] {line}")
+
+    def note(self, message: str) -> None:
+        self._print(f"braintrain: {message}")
+
+    def update(self, doc: Optional[Mapping[str, Any]]) -> None:
+        if not doc:
+            return
+        now, step = self.clock(), doc.get("step")
+        if step == self._last_step or (self._last_time is not None and now - self._last_time < self.interval):
+            return
+        self._last_time, self._last_step = now, step
+        self._print(f"progress: {progress_line(doc)}")
+
+    def close(self) -> None:
+        """Nothing is held open."""
+
+
+class RichDisplay:
+    """A live progress bar under the scrolling worker output."""
+
+    def __init__(self, stream: TextIO, *, job_name: str, total_steps: int):
+        self.console = Console(file=stream)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[rate]} tok/s"),
+            TextColumn("ETA {task.fields[eta]}"),
+            console=self.console,
+            refresh_per_second=4,
+        )
+        self.task = self.progress.add_task(job_name, total=total_steps, loss="-", rate="-", eta="-")
+        self.progress.start()
+
+    def log(self, pod: str, line: str) -> None:
+        self.console.print(Text(f"[{pod}] ", style="dim") + Text(line), soft_wrap=True)
+
+    def note(self, message: str) -> None:
+        self.console.print(Text(f"braintrain: {message}", style="bold"))
+
+    def update(self, doc: Optional[Mapping[str, Any]]) -> None:
+        if not doc:
+            return
+        self.progress.update(
+            self.task,
+            completed=int(_num(doc, "step") or 0),
+            total=int(_num(doc, "total_steps") or 0) or None,
+            loss=_loss(_num(doc, "loss")),
+            rate=_rate(_num(doc, "tokens_per_second")),
+            eta=format_duration(_num(doc, "eta_seconds")),
+        )
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+def make_display(stream: TextIO, *, job_name: str, total_steps: int) -> Display:
+    if stream.isatty():
+        return RichDisplay(stream, job_name=job_name, total_steps=total_steps)
+    return PlainDisplay(stream)

@@ -1,0 +1,265 @@
+"""One reconcile of a BrainTrainingJob: validate, render, plan, act.
+
+`plan` is pure: from the parsed job, its rendered objects, the children that
+exist, the previous status and `now`, it returns the writes to make and the
+new status. `apply` makes them through a ClusterClient. `reconcile` strings
+the two together and is what every kopf handler calls, so creation, resume,
+spec changes, pod events and the timer all follow one code path.
+
+Idempotent by construction: a second pass over the same cluster plans no
+writes, and the status is patched only when it changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Mapping, Optional, Sequence
+
+from brain_trainer.schema import ConfigError
+
+from .cluster import ClusterClient, ObjectRef
+from .render import render
+from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
+from .status import (
+    BACKOFF_LIMIT_EXCEEDED,
+    DEADLINE_EXCEEDED,
+    Failure,
+    Observation,
+    PodView,
+    elastic_status,
+    invalid_status,
+    is_terminal,
+    parse_time,
+    pod_view,
+    pytorchjob_status,
+)
+
+POD = ("v1", "Pod")
+PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The writes one reconcile makes, and the status they lead to."""
+
+    status: dict[str, Any]
+    status_patch: dict[str, Any] = field(default_factory=dict)
+    creates: tuple[dict, ...] = ()
+    deletes: tuple[ObjectRef, ...] = ()
+    patches: tuple[tuple[ObjectRef, dict], ...] = ()
+
+    @property
+    def writes(self) -> int:
+        return len(self.creates) + len(self.deletes) + len(self.patches) + bool(self.status_patch)
+
+
+def reconcile(
+    manifest: Mapping[str, Any], client: ClusterClient, now: datetime, defaults: Optional[OperatorDefaults] = None
+) -> dict[str, Any]:
+    """Bring one job's children and status in line with its spec; returns the new status."""
+    previous = manifest.get("status") or {}
+    try:
+        job = parse_job(manifest, defaults=defaults)
+    except ConfigError as err:
+        the_plan = plan_invalid(manifest, err, now)
+    else:
+        desired = render(job)
+        children = [
+            child
+            for api_version, kind in watched_kinds(job, desired)
+            for child in client.list_children(api_version, kind, job.namespace, job.name)
+        ]
+        the_plan = plan(job, desired, children, previous, now)
+    meta = manifest.get("metadata") or {}
+    apply(the_plan, client, meta.get("namespace", ""), meta.get("name", ""))
+    return the_plan.status
+
+
+def apply(the_plan: Plan, client: ClusterClient, namespace: str, name: str) -> None:
+    """Make the planned writes: deletions first, so a replaced pod's name is free again."""
+    for ref in the_plan.deletes:
+        client.delete(ref)
+    for obj in the_plan.creates:
+        client.create(obj)
+    for ref, body in the_plan.patches:
+        client.patch(ref, body)
+    if the_plan.status_patch:
+        client.patch_status(namespace, name, the_plan.status_patch)
+
+
+def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """The kinds of child to list: what the renderer makes, and pods for the elastic backend even when none is wanted."""
+    kinds = {(obj["apiVersion"], obj["kind"]) for obj in desired}
+    if job.spec.backend == "elastic":
+        kinds.add(POD)
+    return sorted(kinds)
+
+
+def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime) -> Plan:
+    """An invalid spec: no child is touched; the status names every bad field."""
+    previous = manifest.get("status") or {}
+    generation = int((manifest.get("metadata") or {}).get("generation") or 0)
+    status = invalid_status(previous, generation, "; ".join(str(e) for e in err.errors), now)
+    return Plan(status=status, status_patch=status_patch(previous, status))
+
+
+def plan(
+    job: Job,
+    desired: Sequence[Mapping[str, Any]],
+    children: Sequence[Mapping[str, Any]],
+    previous: Mapping[str, Any],
+    now: datetime,
+) -> Plan:
+    """Everything one reconcile decides, for either backend."""
+    existing = {ObjectRef.of(c): c for c in children}
+    if job.spec.backend == "pytorchjob":
+        return _plan_pytorchjob(job, desired, existing, previous, now)
+    return _plan_elastic(job, desired, existing, previous, now)
+
+
+def _plan_elastic(
+    job: Job,
+    desired: Sequence[Mapping[str, Any]],
+    existing: Mapping[ObjectRef, Mapping[str, Any]],
+    previous: Mapping[str, Any],
+    now: datetime,
+) -> Plan:
+    spec, policy = job.spec, job.spec.run_policy
+    wanted_pods = {ObjectRef.of(o): o for o in desired if (o["apiVersion"], o["kind"]) == POD}
+    pods = {ref: pod_view(obj) for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD}
+    live = {ref: p for ref, p in pods.items() if not p.terminating}
+    restarts = int(previous.get("restarts") or 0)
+    deletes: list[ObjectRef] = []
+    creates: list[dict] = []
+    replaced, failure = 0, None
+    terminal = is_terminal(previous)
+
+    if terminal:
+        # Stop what still runs (a failed job's siblings); after the TTL, remove every pod.
+        expired = _ttl_expired(previous, policy.ttl_seconds_after_finished, now)
+        deletes = [ref for ref, p in live.items() if expired or not p.finished]
+    elif policy.suspend:
+        deletes = list(live)
+    else:
+        failure = _deadline_failure(previous, policy.active_deadline_seconds, now)
+        surplus = [ref for ref in live if ref not in wanted_pods]
+        failed = [ref for ref, p in live.items() if ref in wanted_pods and p.phase == "Failed"]
+        counted = [ref for ref in failed if not live[ref].disrupted]
+        if failure is None and restarts + len(counted) > policy.backoff_limit:
+            failure = Failure(
+                BACKOFF_LIMIT_EXCEEDED,
+                f"{len(counted)} worker pod(s) failed with {restarts} of runPolicy.backoffLimit="
+                f"{policy.backoff_limit} restarts already used: {', '.join(r.name for r in counted)}",
+            )
+        finished_training = any(p.phase == "Succeeded" for p in live.values())
+        if failure is not None:
+            deletes = [ref for ref, p in live.items() if not p.finished]
+        elif finished_training:
+            # Training is over once a worker succeeded: a new pod would wait for a rendezvous that never comes.
+            deletes = surplus
+            if not any(not p.finished for ref, p in live.items() if ref in wanted_pods):
+                failure = _incomplete_success(live, wanted_pods)
+        else:
+            restarts += len(counted)
+            replaced = len(failed)
+            deletes = surplus + failed
+            present = {ref for ref in pods if ref not in failed}
+            creates = [dict(obj) for ref, obj in wanted_pods.items() if ref not in present]
+    if not terminal:
+        creates = _missing_others(desired, existing) + creates
+
+    gone = set(deletes)
+    seen = Observation(
+        generation=job.generation,
+        desired=spec.nodes,
+        min_running=node_range(spec)[0],
+        pods=[p for ref, p in pods.items() if ref not in gone],
+        restarts=restarts,
+        replaced=replaced,
+        suspended=policy.suspend,
+        failure=failure,
+        strategy=resolved_strategy(spec),
+        effective_batch_size=effective_batch_size(job),
+    )
+    status = elastic_status(previous, seen, now)
+    return Plan(status=status, status_patch=status_patch(previous, status), creates=tuple(creates), deletes=tuple(deletes))
+
+
+def _plan_pytorchjob(
+    job: Job,
+    desired: Sequence[Mapping[str, Any]],
+    existing: Mapping[ObjectRef, Mapping[str, Any]],
+    previous: Mapping[str, Any],
+    now: datetime,
+) -> Plan:
+    rendered = next(o for o in desired if (o["apiVersion"], o["kind"]) == PYTORCHJOB)
+    ref = ObjectRef.of(rendered)
+    current = existing.get(ref)
+    terminal = is_terminal(previous)
+    creates = [] if terminal else _missing_others(desired, existing)
+    patches = []
+    if current is not None and not terminal:
+        drift = _pytorchjob_drift(current, rendered)
+        if drift:
+            patches.append((ref, drift))
+    status = pytorchjob_status(
+        previous,
+        current,
+        generation=job.generation,
+        desired=job.spec.nodes,
+        strategy=resolved_strategy(job.spec),
+        effective_batch_size=effective_batch_size(job),
+        now=now,
+    )
+    return Plan(status=status, status_patch=status_patch(previous, status), creates=tuple(creates), patches=tuple(patches))
+
+
+def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch carrying a changed suspend flag or replica counts (what a user changes in flight)."""
+    spec: dict[str, Any] = {}
+    want_suspend = (rendered["spec"].get("runPolicy") or {}).get("suspend", False)
+    if (current.get("spec", {}).get("runPolicy") or {}).get("suspend", False) != want_suspend:
+        spec["runPolicy"] = {"suspend": want_suspend}
+    have = current.get("spec", {}).get("pytorchReplicaSpecs") or {}
+    wanted = rendered["spec"]["pytorchReplicaSpecs"]
+    # A fixed-size job changing size may gain or lose its Worker role altogether.
+    replicas: dict[str, Any] = {role: None for role in have if role not in wanted}
+    for role, want in wanted.items():
+        if role not in have:
+            replicas[role] = want
+        elif have[role].get("replicas") != want["replicas"]:
+            replicas[role] = {"replicas": want["replicas"]}
+    if replicas:
+        spec["pytorchReplicaSpecs"] = replicas
+    return {"spec": spec} if spec else {}
+
+
+def _missing_others(desired: Sequence[Mapping[str, Any]], existing: Mapping[ObjectRef, Any]) -> list[dict]:
+    return [dict(o) for o in desired if (o["apiVersion"], o["kind"]) != POD and ObjectRef.of(o) not in existing]
+
+
+def _deadline_failure(previous: Mapping[str, Any], deadline: Optional[int], now: datetime) -> Optional[Failure]:
+    started = previous.get("startTime")
+    if deadline is None or not started or now - parse_time(started) < timedelta(seconds=deadline):
+        return None
+    return Failure(DEADLINE_EXCEEDED, f"ran longer than runPolicy.activeDeadlineSeconds={deadline}")
+
+
+def _ttl_expired(previous: Mapping[str, Any], ttl: Optional[int], now: datetime) -> bool:
+    done = previous.get("completionTime")
+    return ttl is not None and bool(done) and now - parse_time(done) >= timedelta(seconds=ttl)
+
+
+def _incomplete_success(live: Mapping[ObjectRef, PodView], wanted: Mapping[ObjectRef, Any]) -> Optional[Failure]:
+    missed = sorted(ref.name for ref in wanted if ref not in live or live[ref].phase != "Succeeded")
+    if not missed:
+        return None
+    return Failure("WorkersFailed", f"training ended but these workers did not succeed: {', '.join(missed)}")
+
+
+def status_patch(previous: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch from the previous status to the new one ({} when nothing changed)."""
+    patch = {k: v for k, v in status.items() if previous.get(k) != v}
+    patch.update({k: None for k in previous if k not in status})
+    return patch

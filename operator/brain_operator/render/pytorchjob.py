@@ -1,0 +1,86 @@
+"""The pytorchjob backend: the equivalent Kubeflow `kubeflow.org/v1` PyTorchJob, plus our ConfigMap and PVC.
+
+Pure. The Kubeflow training operator creates the pods and sets torchrun's
+rendezvous variables itself, so the container carries only the NCCL block.
+A fixed-size job is Master (rank-0 node) + Workers; an elastic job is
+Workers only with an `elasticPolicy`, as Kubeflow runs elastic jobs (its
+rendezvous endpoint is worker 0, and the range counts Worker replicas).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..spec import Job, is_elastic, node_range
+from .common import (
+    build_checkpoint_claim,
+    build_config_map,
+    job_labels,
+    metadata,
+    pod_annotations,
+    pod_spec,
+    workload_labels,
+)
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+# The training operator injects its environment into the container with this name.
+CONTAINER_NAME = "pytorch"
+# The training operator restarts failed pods in place and counts them against runPolicy.backoffLimit.
+RESTART_POLICY = "OnFailure"
+
+
+def _replica(job: Job, replicas: int) -> dict[str, Any]:
+    template_meta: dict[str, Any] = {"labels": job_labels(job)}
+    annotations = pod_annotations(job)
+    if annotations:
+        template_meta["annotations"] = annotations
+    return {
+        "replicas": replicas,
+        "restartPolicy": RESTART_POLICY,
+        "template": {"metadata": template_meta, "spec": pod_spec(job, CONTAINER_NAME, [], RESTART_POLICY)},
+    }
+
+
+def _run_policy(job: Job) -> dict[str, Any]:
+    policy = job.spec.run_policy
+    out: dict[str, Any] = {"backoffLimit": policy.backoff_limit, "suspend": policy.suspend}
+    if policy.active_deadline_seconds is not None:
+        out["activeDeadlineSeconds"] = policy.active_deadline_seconds
+    if policy.ttl_seconds_after_finished is not None:
+        out["ttlSecondsAfterFinished"] = policy.ttl_seconds_after_finished
+    sched = job.spec.scheduling
+    scheduling = {}
+    if sched.queue_name:
+        scheduling["queue"] = sched.queue_name
+    if sched.priority_class_name:
+        scheduling["priorityClass"] = sched.priority_class_name
+    if scheduling:
+        out["schedulingPolicy"] = scheduling
+    return out
+
+
+def build_pytorchjob(job: Job) -> dict[str, Any]:
+    spec = job.spec
+    body: dict[str, Any] = {"nprocPerNode": str(spec.nproc_per_node), "runPolicy": _run_policy(job)}
+    if is_elastic(spec):
+        low, high = node_range(spec)
+        body["elasticPolicy"] = {
+            "minReplicas": low,
+            "maxReplicas": high,
+            "rdzvBackend": "c10d",
+            "maxRestarts": spec.elastic.max_restarts,
+        }
+        body["pytorchReplicaSpecs"] = {"Worker": _replica(job, spec.nodes)}
+    else:
+        replicas = {"Master": _replica(job, 1)}
+        if spec.nodes > 1:
+            replicas["Worker"] = _replica(job, spec.nodes - 1)
+        body["pytorchReplicaSpecs"] = replicas
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job, job.name, workload_labels(job)), "spec": body}
+
+
+def render_pytorchjob(job: Job) -> list[dict[str, Any]]:
+    """ConfigMap, PVC (when templated) and the PyTorchJob."""
+    claim = build_checkpoint_claim(job)
+    return [build_config_map(job), *([claim] if claim else []), build_pytorchjob(job)]

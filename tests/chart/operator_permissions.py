@@ -1,0 +1,60 @@
+"""What the operator calls on the Kubernetes API, as RBAC grants: the chart's allow-list.
+
+One place: the RBAC test requires the chart's rules to equal these, so a verb the
+operator does not use fails, and so does one it uses but the chart forgets.
+Keys are (apiGroup, resource); values the verbs, each with the call that needs it.
+"""
+
+from __future__ import annotations
+
+Grants = dict[tuple[str, str], frozenset[str]]
+
+# In every served namespace.
+NAMESPACED: Grants = {
+    # kopf (handlers.py): list + watch to follow jobs, patch for its annotations
+    # (progress and diff base under brain.ai/); ClusterClient.get_job: get.
+    ("brain.ai", "braintrainingjobs"): frozenset({"get", "list", "watch", "patch"}),
+    # ClusterClient.patch_status (merge patch of the status subresource).
+    ("brain.ai", "braintrainingjobs/status"): frozenset({"patch"}),
+    # reconcile: list, create, delete (failed, surplus, suspended, finished pods);
+    # kopf watches them so pod changes refresh the job's status.
+    ("", "pods"): frozenset({"list", "watch", "create", "delete"}),
+    # reconcile: list and create, so a deleted child comes back. Never deleted
+    # by the operator: owner references garbage-collect them with the job, and
+    # checkpoint claims outlive it.
+    ("", "services"): frozenset({"list", "create"}),
+    ("", "configmaps"): frozenset({"list", "create"}),
+    ("", "persistentvolumeclaims"): frozenset({"list", "create"}),
+    # kopf's handler events and ours (phase transitions, worker failures): posted only.
+    # Core v1 events: kopf posts through the "v1" events resource.
+    ("", "events"): frozenset({"create"}),
+}
+
+# backend: pytorchjob (values pytorchjob.enabled): reconcile lists and creates it,
+# and patches a changed suspend flag or replica count into it; owner references
+# delete it with the job.
+PYTORCHJOB: Grants = {
+    ("kubeflow.org", "pytorchjobs"): frozenset({"list", "create", "patch"}),
+}
+
+# Cluster-wide mode only: kopf's resource observer lists and watches CRDs to follow
+# resources that appear or change while it runs. (Namespaced mode grants nothing
+# cluster-scoped: kopf then falls back to the initial discovery and the named
+# namespaces; it needs neither namespaces nor peering objects when standalone.)
+CLUSTER_WIDE: Grants = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): frozenset({"list", "watch"}),
+}
+
+
+def expected(*, cluster_wide: bool, pytorchjob: bool) -> Grants:
+    grants = dict(NAMESPACED)
+    if pytorchjob:
+        grants.update(PYTORCHJOB)
+    if cluster_wide:
+        grants.update(CLUSTER_WIDE)
+    return grants
+
+
+def allowed_verbs() -> frozenset[str]:
+    """Every verb the operator uses on anything."""
+    return frozenset().union(*NAMESPACED.values(), *PYTORCHJOB.values(), *CLUSTER_WIDE.values())

@@ -1,0 +1,164 @@
+"""RBAC: the chart grants exactly what the operator calls, never a wildcard or a secret."""
+
+from __future__ import annotations
+
+import brain_operator.handlers  # noqa: F401  (registers the kopf handlers inspected below)
+import kopf
+import pytest
+import yaml
+from brain_operator.cluster import ClusterClient
+from brain_operator.render import render
+from brain_operator.spec import OperatorDefaults, parse_job
+from chart_render import RELEASE_NAMESPACE, REPO, render_objects
+
+import operator_permissions
+
+ROLE_KINDS = ("Role", "ClusterRole")
+
+
+def rbac_rules(objects):
+    """(role kind, namespace, rule) for every rule of every Role and ClusterRole."""
+    return [
+        (obj["kind"], obj["metadata"].get("namespace"), rule)
+        for obj in objects
+        if obj["kind"] in ROLE_KINDS
+        for rule in obj.get("rules") or []
+    ]
+
+
+def grants(rules):
+    """Rules flattened to {(apiGroup, resource): verbs}."""
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                granted.setdefault((group, resource), set()).update(rule.get("verbs", []))
+    return granted
+
+
+def rule_problems(rules):
+    """Wildcards, secrets, non-resource URLs, and verbs the operator never uses."""
+    problems = []
+    allowed = operator_permissions.allowed_verbs()
+    for rule in rules:
+        for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+            if any("*" in item for item in rule.get(field, [])):
+                problems.append(f"wildcard in {field}: {rule}")
+        if any(resource.split("/")[0] == "secrets" for resource in rule.get("resources", [])):
+            problems.append(f"secrets granted: {rule}")
+        if rule.get("nonResourceURLs"):
+            problems.append(f"nonResourceURLs granted: {rule}")
+        for verb in rule.get("verbs", []):
+            if verb not in allowed:
+                problems.append(f"verb {verb!r} is not used by the operator: {rule}")
+    return problems
+
+
+def test_the_checker_catches_wildcards_secrets_and_unused_verbs():
+    bad = [
+        {"apiGroups": ["*"], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["deletecollection"]},
+        {"apiGroups": [""], "resources": ["pods/*"], "verbs": ["create"]},
+    ]
+    problems = rule_problems(bad)
+    assert len(problems) == 4
+    assert "wildcard in apiGroups" in problems[0]
+    assert "secrets granted" in problems[1]
+    assert "'deletecollection' is not used" in problems[2]
+    assert "wildcard in resources" in problems[3]
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False])
+@pytest.mark.parametrize("pytorchjob", [True, False])
+def test_rbac_grants_exactly_what_the_operator_uses(cluster_wide, pytorchjob):
+    values = {"rbac": {"clusterWide": cluster_wide}, "pytorchjob": {"enabled": pytorchjob}}
+    objects = render_objects(values)
+    rules = rbac_rules(objects)
+    assert rule_problems([rule for _, _, rule in rules]) == []
+    want = {key: set(verbs) for key, verbs in operator_permissions.expected(cluster_wide=cluster_wide, pytorchjob=pytorchjob).items()}
+    for kind, namespace in {(kind, namespace) for kind, namespace, _ in rules}:
+        assert grants([rule for k, n, rule in rules if (k, n) == (kind, namespace)]) == want, (kind, namespace)
+    kinds = {kind for kind, _, _ in rules}
+    assert kinds == ({"ClusterRole"} if cluster_wide else {"Role"})
+
+
+def test_namespaced_mode_has_one_role_and_binding_per_watched_namespace(namespaced_values):
+    objects = render_objects(namespaced_values)
+    kinds = [obj["kind"] for obj in objects]
+    assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
+    roles = {obj["metadata"]["namespace"] for obj in objects if obj["kind"] == "Role"}
+    bindings = [obj for obj in objects if obj["kind"] == "RoleBinding"]
+    assert roles == {binding["metadata"]["namespace"] for binding in bindings} == {"team-a", "team-b"}
+    for binding in bindings:
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "brain-operator-sa", "namespace": RELEASE_NAMESPACE}]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "brain-ops"}
+
+
+def test_namespaced_mode_without_a_list_serves_the_release_namespace():
+    objects = render_objects({"rbac": {"clusterWide": False}})
+    assert {obj["metadata"]["namespace"] for obj in objects if obj["kind"] in ("Role", "RoleBinding")} == {RELEASE_NAMESPACE}
+
+
+def test_cluster_wide_binding_targets_the_operator_service_account():
+    objects = render_objects()
+    [binding] = [obj for obj in objects if obj["kind"] == "ClusterRoleBinding"]
+    [account] = [obj for obj in objects if obj["kind"] == "ServiceAccount"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": RELEASE_NAMESPACE}]
+    assert account["automountServiceAccountToken"] is False
+
+
+def test_rbac_create_false_renders_no_rbac():
+    objects = render_objects({"rbac": {"create": False}})
+    assert not {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"} & {obj["kind"] for obj in objects}
+
+
+EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
+NAMESPACED_GRANTS = operator_permissions.expected(cluster_wide=False, pytorchjob=True)
+
+
+def _needs(key, *verbs):
+    missing = set(verbs) - set(NAMESPACED_GRANTS.get(key, ()))
+    assert not missing, f"the operator needs {sorted(missing)} on {key}: add them to tests/chart/operator_permissions.py and the chart"
+
+
+def test_every_resource_kopf_serves_is_listed_watched_and_patched_when_handled():
+    kopf_registry = kopf.get_default_registry()
+    served = {(h.selector.group, h.selector.any_name) for h in kopf_registry._watching.get_all_handlers()}
+    # Change handlers and timers store kopf's progress and diff base in the object's annotations.
+    handled = {
+        (h.selector.group, h.selector.any_name)
+        for h in [*kopf_registry._changing.get_all_handlers(), *kopf_registry._spawning.get_all_handlers()]
+    }
+    assert ("brain.ai", "braintrainingjobs") in handled and ("", "pods") in served
+    for key in served | handled:
+        _needs(key, "list", "watch")
+    for key in handled:
+        _needs(key, "patch")
+
+
+def test_every_kind_the_renderers_make_can_be_listed_and_created():
+    rendered = set()
+    for example in EXAMPLES:
+        for backend in ("elastic", "pytorchjob"):
+            manifest = yaml.safe_load(example.read_text())
+            manifest["spec"]["backend"] = backend
+            job = parse_job(manifest, defaults=OperatorDefaults(image="brain-train/trainer:dev"))
+            rendered |= {(obj["apiVersion"].rpartition("/")[0], f"{obj['kind'].lower()}s") for obj in render(job)}
+    assert ("", "pods") in rendered and ("kubeflow.org", "pytorchjobs") in rendered
+    for key in rendered:
+        _needs(key, "list", "create")
+    # Nothing granted for a kind the operator never makes (jobs and events aside).
+    made_or_served = rendered | {("brain.ai", "braintrainingjobs"), ("brain.ai", "braintrainingjobs/status"), ("", "events")}
+    assert set(NAMESPACED_GRANTS) == made_or_served
+
+
+def test_the_cluster_client_still_makes_only_the_calls_the_allow_list_covers():
+    # get_job -> get jobs; list_children/create -> list/create children; delete -> delete pods;
+    # patch -> patch pytorchjobs; patch_status -> patch jobs/status. A new call needs a new grant.
+    calls = {name for name in vars(ClusterClient) if not name.startswith("_")}
+    assert calls == {"get_job", "list_children", "create", "delete", "patch", "patch_status"}
+    _needs(("brain.ai", "braintrainingjobs"), "get")
+    _needs(("brain.ai", "braintrainingjobs/status"), "patch")
+    _needs(("", "pods"), "delete")
+    _needs(("kubeflow.org", "pytorchjobs"), "patch")

@@ -1,0 +1,134 @@
+"""An in-memory ClusterClient: the one fake the tests allow (a stand-in for our own thin client).
+
+It keeps objects in a dict, answers create/list/delete/patch as the API
+server would for these calls (409 on a duplicate name, 404 ignored on
+delete, JSON merge patch), and records every write so a test can assert that
+a second reconcile wrote nothing. Helpers let a test play the kubelet:
+move a pod to Running, Failed, evicted or Succeeded.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any, Mapping, Optional
+
+from brain_operator.cluster import ObjectRef
+from brain_operator.render.common import JOB_NAME_LABEL
+from brain_operator.spec import API_VERSION, KIND
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+class FakeCluster:
+    def __init__(self, *, graceful_pod_deletion: bool = False) -> None:
+        self.objects: dict[ObjectRef, dict] = {}
+        self.writes: list[tuple[str, ObjectRef]] = []
+        # A real pod lingers with a deletionTimestamp until the kubelet stops it.
+        self.graceful_pod_deletion = graceful_pod_deletion
+        self._uids = itertools.count(1)
+
+    # -- ClusterClient ---------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> Optional[dict]:
+        found = self.objects.get(ObjectRef(API_VERSION, KIND, namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
+        return [
+            copy.deepcopy(obj)
+            for ref, obj in sorted(self.objects.items())
+            if (ref.api_version, ref.kind, ref.namespace) == (api_version, kind, namespace)
+            and (obj["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job_name
+        ]
+
+    def create(self, obj: Mapping[str, Any]) -> bool:
+        ref = ObjectRef.of(obj)
+        if ref in self.objects:
+            return False
+        stored = copy.deepcopy(dict(obj))
+        stored["metadata"].setdefault("uid", f"uid-{next(self._uids)}")
+        stored["metadata"].setdefault("generation", 1)
+        if ref.kind == "Pod":
+            stored.setdefault("status", {"phase": "Pending"})
+        self.objects[ref] = stored
+        self.writes.append(("create", ref))
+        return True
+
+    def delete(self, ref: ObjectRef) -> None:
+        if ref not in self.objects:
+            return
+        self.writes.append(("delete", ref))
+        if self.graceful_pod_deletion and ref.kind == "Pod":
+            self.objects[ref]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        else:
+            del self.objects[ref]
+
+    def patch(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
+        self.objects[ref] = merge_patch(self.objects[ref], body)
+        self.writes.append(("patch", ref))
+
+    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        ref = ObjectRef(API_VERSION, KIND, namespace, name)
+        job = self.objects[ref]
+        job["status"] = merge_patch(job.get("status") or {}, patch)
+        self.writes.append(("patch_status", ref))
+
+    # -- the test's side: the user and the kubelet -------------------------
+    def apply_job(self, manifest: Mapping[str, Any]) -> dict:
+        """kubectl apply: store or update the job, bumping generation when the spec changes."""
+        ref = ObjectRef.of(manifest)
+        old = self.objects.get(ref)
+        job = copy.deepcopy(dict(manifest))
+        meta = job.setdefault("metadata", {})
+        if old is None:
+            meta.setdefault("uid", f"uid-{next(self._uids)}")
+            meta["generation"] = 1
+        else:
+            meta["uid"] = old["metadata"]["uid"]
+            meta["generation"] = old["metadata"]["generation"] + (old.get("spec") != job.get("spec"))
+            job["status"] = old.get("status") or {}
+        self.objects[ref] = job
+        return copy.deepcopy(job)
+
+    def pods(self, namespace: str = "default") -> dict[str, dict]:
+        return {r.name: o for r, o in sorted(self.objects.items()) if r.kind == "Pod" and r.namespace == namespace}
+
+    def kinds(self, namespace: str = "default") -> list[str]:
+        return sorted(r.kind for r in self.objects if r.namespace == namespace and r.kind != KIND)
+
+    def set_pod(self, name: str, phase: str, *, namespace: str = "default", ready: bool = False, **status: Any) -> None:
+        pod = self.objects[ObjectRef("v1", "Pod", namespace, name)]
+        conditions = list(status.pop("conditions", []))
+        conditions.append({"type": "Ready", "status": "True" if ready else "False"})
+        pod["status"] = {"phase": phase, "conditions": conditions, **status}
+
+    def run_all(self, namespace: str = "default") -> None:
+        for name in self.pods(namespace):
+            self.set_pod(name, "Running", namespace=namespace, ready=True)
+
+    def exit_pod(self, name: str, code: int, *, namespace: str = "default", message: str = "") -> None:
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}
+        self.set_pod(
+            name, "Succeeded" if code == 0 else "Failed", namespace=namespace,
+            containerStatuses=[{"name": "trainer", "state": {"terminated": terminated}}],
+        )
+
+    def evict_pod(self, name: str, *, namespace: str = "default") -> None:
+        self.set_pod(name, "Failed", namespace=namespace, reason="Evicted",
+                     message="The node was low on resource: memory.")
+
+    def forget_pending_deletions(self) -> None:
+        """The kubelet finished stopping every pod marked for deletion."""
+        for ref in [r for r, o in self.objects.items() if o["metadata"].get("deletionTimestamp")]:
+            del self.objects[ref]

@@ -1,0 +1,178 @@
+"""`braintrain`: render == what reconcile creates, validate/run on bad input, estimate, help and version."""
+
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+from fake_cluster import FakeCluster
+
+from brain_operator import __version__
+from brain_operator.cli import main
+from brain_operator.cluster import ObjectRef
+from brain_operator.reconcile import reconcile
+from brain_operator.spec import KIND, OperatorDefaults
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.yaml"))
+LOCAL_MINIMAL = EXAMPLES[0].with_name("local-minimal.yaml")
+GPU_7B = EXAMPLES[0].with_name("gpu-7b-fsdp.yaml")
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+# Fields the API server adds to what the operator sent.
+SERVER_FIELDS = ("uid", "generation")
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def created_by_reconcile(cluster, stored):
+    """What one reconcile of the stored job creates, less the fields the API server adds."""
+    ref = ObjectRef.of(stored)
+    reconcile(cluster.get_job(ref.namespace, ref.name), cluster, NOW, OperatorDefaults.from_env())
+    created = []
+    for ref, obj in sorted(cluster.objects.items()):
+        if ref.kind == KIND:
+            continue
+        obj = {k: v for k, v in obj.items() if k != "status"}
+        obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k not in SERVER_FIELDS}
+        created.append(obj)
+    return created
+
+
+def key(obj):
+    return (obj["kind"], obj["metadata"]["name"])
+
+
+@pytest.mark.parametrize("backend", ["elastic", "pytorchjob"])
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_render_prints_exactly_what_reconcile_creates(example, backend, tmp_path, capsys, monkeypatch):
+    # local-minimal names no image: the operator's default image fills it in, for both.
+    monkeypatch.setenv(OperatorDefaults.ENV_IMAGE, "registry.example/brain-train-trainer:test")
+    original = yaml.safe_load(example.read_text())
+    cluster = FakeCluster()
+    stored = cluster.apply_job({**original, "spec": {**original["spec"], "backend": backend}})
+    # The file as the user has it, with the uid the API server gave; --backend chooses.
+    as_stored = tmp_path / "job.yaml"
+    as_stored.write_text(yaml.safe_dump({**stored, "spec": original["spec"]}))
+    code, out, err = run_cli(capsys, "render", as_stored, "--backend", backend)
+    assert code == 0, err
+    rendered = list(yaml.safe_load_all(out))
+    assert sorted(rendered, key=key) == sorted(created_by_reconcile(cluster, stored), key=key)
+    kinds = {o["kind"] for o in rendered}
+    assert ("Pod" in kinds) == (backend == "elastic") and ("PyTorchJob" in kinds) == (backend == "pytorchjob")
+
+
+BAD = {
+    "spec": {"nodes": 2, "training": {"microBatchSize": 0, "steps": "many"}, "colour": "blue"},
+}
+
+
+def bad_manifest(tmp_path):
+    data = yaml.safe_load(LOCAL_MINIMAL.read_text())
+    data["spec"]["training"].update(BAD["spec"]["training"])
+    data["spec"]["colour"] = "blue"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+EXPECTED_ERRORS = [
+    "spec.colour: unknown field",
+    "spec.training.steps: must be an integer, got 'many'",
+    "spec.training.microBatchSize: must be >= 1, got 0",
+]
+
+
+@pytest.mark.parametrize("command", [["validate", "--local"], ["validate"], ["run"]])
+def test_an_invalid_manifest_names_each_field_exits_1_and_starts_nothing(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = bad_manifest(tmp_path)
+    code, out, err = run_cli(capsys, command[0], path, *command[1:])
+    assert code == 1
+    lines = err.splitlines()
+    for expected in EXPECTED_ERRORS:
+        assert any(line.startswith(f"{path}: {expected}") for line in lines), (expected, lines)
+    assert "Traceback" not in err and out == ""
+    assert not (tmp_path / "runs").exists()
+
+
+def test_validate_accepts_every_example(capsys, monkeypatch):
+    monkeypatch.delenv(OperatorDefaults.ENV_IMAGE, raising=False)
+    for example in EXAMPLES:
+        local = ["--local"] if example == LOCAL_MINIMAL else []
+        code, out, err = run_cli(capsys, "validate", example, *local)
+        assert (code, err) == (0, ""), example
+        assert "valid BrainTrainingJob" in out
+
+
+def test_validate_without_local_requires_the_image(capsys, monkeypatch):
+    monkeypatch.delenv(OperatorDefaults.ENV_IMAGE, raising=False)
+    code, _, err = run_cli(capsys, "validate", LOCAL_MINIMAL)
+    assert code == 1 and err.strip() == f"{LOCAL_MINIMAL}: spec.image: required: the trainer image the workers run"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("spec: [unclosed", "not valid YAML"),
+        ("- just\n- a list\n", "a BrainTrainingJob must be a mapping, got list"),
+    ],
+)
+def test_unreadable_manifests_are_one_line(text, message, tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    for command in ("validate", "run", "render", "estimate"):
+        code, _, err = run_cli(capsys, command, path)
+        assert code == 1 and len(err.splitlines()) == 1 and message in err, (command, err)
+    code, _, err = run_cli(capsys, "validate", tmp_path / "missing.yaml")
+    assert code == 1 and err.strip() == f"braintrain: {tmp_path / 'missing.yaml'}: cannot read: No such file or directory"
+
+
+def test_estimate_on_the_7b_example_reports_the_per_rank_breakdown(capsys):
+    code, out, err = run_cli(capsys, "estimate", GPU_7B)
+    assert code == 0, err
+    configured = out.split("configured (spec.distributed): ")[1]
+    assert configured.startswith("fits\nfsdp full_shard + activation checkpointing on 8 rank(s), per rank:")
+    for term in ("parameters", "gradients", "optimizer state", "activations", "overhead", "total"):
+        assert f"\n  {term} " in configured
+    assert "strategy: auto picks fsdp" in out
+    assert "ddp + activation checkpointing" in out and "too big" in out
+    code, out, _ = run_cli(capsys, "estimate", GPU_7B, "--device-memory", "10")
+    assert code == 0 and "configured (spec.distributed): does NOT fit" in out
+
+
+def test_estimate_of_a_model_that_fits_nowhere_is_one_clear_line(tmp_path, capsys):
+    data = yaml.safe_load(GPU_7B.read_text())
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, _, err = run_cli(capsys, "estimate", path, "--device-memory", "1")
+    assert code == 1
+    assert len(err.splitlines()) == 1
+    assert f"{path}: distributed.strategy: auto:" in err and "does not fit in 1.0 GiB per rank" in err
+
+
+def test_operator_needs_a_namespace_choice(capsys):
+    code, _, err = run_cli(capsys, "operator")
+    assert code == 1 and "--namespace" in err and "--all-namespaces" in err
+
+
+def test_help_everywhere_and_version(capsys):
+    for argv in ([], ["run"], ["render"], ["validate"], ["estimate"], ["operator"]):
+        with pytest.raises(SystemExit) as done:
+            main([*argv, "--help"])
+        assert done.value.code == 0
+        assert "usage: braintrain" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"braintrain {__version__}"
+
+
+def test_the_console_script_reports_errors_without_a_traceback(tmp_path):
+    braintrain = Path(sys.executable).with_name("braintrain")
+    result = subprocess.run([braintrain, "validate", "--local", bad_manifest(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert len(result.stderr.splitlines()) == len(EXPECTED_ERRORS) and "Traceback" not in result.stderr

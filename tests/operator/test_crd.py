@@ -1,0 +1,191 @@
+"""The generated CRD: committed copy in sync, structural, valid for the API server, scale and columns wired."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import celpy
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from brain_operator import crd
+from brain_operator.progress import progress_status
+from brain_operator.spec import API_SERVER_RULES, ConfigError, parse_job
+
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = crd.build_crd()
+VERSION = GENERATED["spec"]["versions"][0]
+SCHEMA = VERSION["schema"]["openAPIV3Schema"]
+
+
+def test_committed_crd_is_current():
+    committed = (ROOT / "deploy" / "crd" / "braintrainingjob.yaml").read_text()
+    assert committed == crd.crd_yaml(), "stale: run python -m brain_operator.crd"
+    assert yaml.safe_load(committed) == GENERATED
+
+
+def test_committed_docs_are_current():
+    assert (ROOT / "docs" / "crd.md").read_text() == crd.docs_markdown(), "stale: run python -m brain_operator.crd"
+
+
+def test_check_mode_detects_drift(tmp_path, monkeypatch, capsys):
+    assert crd.main(["--check"]) == 0
+    stale = tmp_path / "crd.yaml"
+    stale.write_text(crd.crd_yaml().replace("btj", "bt"))
+    monkeypatch.setattr(crd, "CRD_PATH", stale)
+    monkeypatch.setattr(crd, "ROOT", tmp_path)
+    monkeypatch.setattr(crd, "DOCS_PATH", tmp_path / "docs" / "crd.md")
+    assert crd.main(["--check"]) == 1
+    assert "crd.yaml is stale" in capsys.readouterr().err
+    assert crd.main([]) == 0
+    assert stale.read_text() == crd.crd_yaml() and crd.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("version", ["1.29", "1.37"])
+def test_crd_is_a_valid_custom_resource_definition(version):
+    assert kubernetes_validate.validate(GENERATED, version, strict=True) == version
+
+
+def test_identity():
+    spec = GENERATED["spec"]
+    assert GENERATED["metadata"]["name"] == "braintrainingjobs.brain.ai"
+    assert (spec["group"], spec["scope"], VERSION["name"]) == ("brain.ai", "Namespaced", "v1alpha1")
+    assert spec["names"]["kind"] == "BrainTrainingJob" and spec["names"]["shortNames"] == ["btj"]
+    assert VERSION["served"] and VERSION["storage"]
+
+
+def _walk(schema, path="$"):
+    yield path, schema
+    for key, prop in schema.get("properties", {}).items():
+        yield from _walk(prop, f"{path}.{key}")
+    if isinstance(schema.get("items"), dict):
+        yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
+
+
+def test_schema_is_structural():
+    for path, node in _walk(SCHEMA):
+        typed = "type" in node or node.get("x-kubernetes-int-or-string") or node.get("x-kubernetes-preserve-unknown-fields")
+        assert typed, f"{path} has no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        for branch in node.get("anyOf", []):
+            # Structural schemas allow only value validations under anyOf.
+            assert set(branch) <= {"type"} and node.get("x-kubernetes-int-or-string"), path
+        if "pattern" in node:
+            assert node["pattern"].startswith("^") and node["pattern"].endswith("$"), path
+
+
+def _at(path):
+    node = SCHEMA
+    for part in path.strip(".").split("."):
+        node = node["properties"][part]
+    return node
+
+
+def test_constraints_come_from_the_spec_model():
+    assert _at(".spec.backend")["enum"] == ["elastic", "pytorchjob"]
+    assert _at(".spec.nodes") == {"description": "worker pods", "type": "integer", "minimum": 1}
+    assert _at(".spec.model.preset")["enum"] == ["minimal", "1b", "3b", "7b"]
+    assert _at(".spec.training.learningRate")["exclusiveMinimum"] is True
+    assert _at(".spec.checkpoint").get("properties", {}).get("async", {}).get("type") == "boolean"
+    assert _at(".spec.resources.limits")["additionalProperties"]["x-kubernetes-int-or-string"] is True
+    assert "image" not in SCHEMA["properties"]["spec"].get("required", [])
+    assert _at(".status.conditions")["items"]["required"] == ["type", "status"]
+    assert _at(".status.startTime")["format"] == "date-time"
+
+
+def test_subresources_point_at_real_fields():
+    sub = VERSION["subresources"]
+    assert sub["status"] == {}
+    scale = sub["scale"]
+    assert scale["specReplicasPath"] == ".spec.nodes" and _at(".spec.nodes")["type"] == "integer"
+    assert _at(scale["statusReplicasPath"])["type"] == "integer"
+    assert _at(scale["labelSelectorPath"])["type"] == "string"
+
+
+def test_printer_columns():
+    columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
+    assert [c["name"] for c in VERSION["additionalPrinterColumns"] if not c.get("priority")] == ["Phase", "Nodes", "Step", "Loss", "Age"]
+    assert columns["Age"]["jsonPath"] == ".metadata.creationTimestamp"
+    for name, column in columns.items():
+        if name != "Age":
+            assert _at(column["jsonPath"])["type"] == column["type"], name
+
+
+def test_status_schema_accepts_what_the_operator_writes():
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    status = {
+        "phase": "Running",
+        "conditions": [{"type": "Running", "status": "True", "reason": "WorkersRunning", "message": "", "lastTransitionTime": "2026-01-02T03:04:05Z"}],
+        "workers": {"desired": 3, "ready": 3, "running": 3, "succeeded": 0, "failed": 0},
+        "nodes": "3/3",
+        "selector": "brain.ai/job-name=llm",
+        "restarts": 1,
+        "strategy": "fsdp",
+        "effectiveBatchSize": 256,
+        "startTime": "2026-01-02T03:00:00Z",
+        "observedGeneration": 4,
+        **progress_status(
+            {"step": 120, "total_steps": 1000, "loss": 2.5, "tokens_per_second": 1e5, "eta_seconds": 600, "last_checkpoint_step": 100},
+            {},
+            now=now,
+            mount_path="/ckpt",
+        ),
+    }
+    validator = jsonschema.Draft4Validator(SCHEMA["properties"]["status"])
+    validator.validate(status)
+    # Structural schemas prune unknown fields: every key written must be declared.
+    for key, value in status.items():
+        assert key in SCHEMA["properties"]["status"]["properties"], key
+        if isinstance(value, dict):
+            assert set(value) <= set(_at(f".status.{key}")["properties"]), key
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate({**status, "phase": "Exploded"})
+
+
+# ---- CEL rules: the API server enforces the elastic bounds, so `kubectl scale` cannot leave the range ----
+
+_CEL = celpy.Environment()
+_PROGRAMS = [(_CEL.program(_CEL.compile(rule)), message) for rule, message in API_SERVER_RULES]
+
+
+def cel_errors(spec):
+    return [message for program, message in _PROGRAMS if not program.evaluate({"self": celpy.json_to_cel(spec)})]
+
+
+def test_rules_are_on_the_spec_schema():
+    assert [r["rule"] for r in SCHEMA["properties"]["spec"]["x-kubernetes-validations"]] == [r for r, _ in API_SERVER_RULES]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {},
+        {"nodes": 3},
+        {"nodes": 3, "elastic": {"minNodes": 2, "maxNodes": 4}},
+        {"nodes": 2, "elastic": {"minNodes": 2}},
+        {"nodes": 4, "elastic": {"maxNodes": 4}},
+        {"elastic": {"maxRestarts": 2}},
+        {"nodes": 5, "elastic": {"minNodes": 2, "maxNodes": 4}},
+        {"nodes": 1, "elastic": {"minNodes": 2}},
+        {"nodes": 3, "elastic": {"minNodes": 4, "maxNodes": 2}},
+        {"elastic": {"minNodes": 2}},
+    ],
+)
+def test_cel_rules_agree_with_the_parser(spec):
+    manifest = {"apiVersion": "brain.ai/v1alpha1", "kind": "BrainTrainingJob", "metadata": {"name": "j"}, "spec": {"image": "i", **spec}}
+    try:
+        parse_job(manifest)
+        parser_ok = True
+    except ConfigError:
+        parser_ok = False
+    assert (not cel_errors(spec)) == parser_ok
+
+
+def test_examples_pass_the_cel_rules():
+    for path in sorted((ROOT / "deploy" / "examples").glob("*.yaml")):
+        assert cel_errors(yaml.safe_load(path.read_text())["spec"]) == [], path.name

@@ -1,0 +1,65 @@
+"""The local runner's display: progress lines, throttling, summary, tolerant reads."""
+
+import io
+
+from brain_operator.display import (
+    PlainDisplay,
+    RunSummary,
+    format_duration,
+    progress_line,
+    read_progress,
+    summary_lines,
+)
+
+DOC = {"step": 120, "total_steps": 200, "loss": 2.13421, "tokens_per_second": 12345.6, "eta_seconds": 32.4}
+
+
+def test_progress_line_shows_step_loss_rate_and_eta():
+    assert progress_line(DOC) == "step 120/200 (60%)  loss 2.1342  12,346 tok/s  ETA 0m32s"
+
+
+def test_progress_line_tolerates_missing_fields():
+    assert progress_line({"step": 3}) == "step 3/?  loss -  - tok/s  ETA -"
+
+
+def test_durations():
+    assert [format_duration(s) for s in (0, 59.6, 61, 3725, None)] == ["0m00s", "1m00s", "1m01s", "1h02m05s", "-"]
+
+
+def test_plain_display_prints_at_most_once_per_interval_and_only_when_the_step_moved():
+    now = [0.0]
+    out = io.StringIO()
+    display = PlainDisplay(out, interval=5.0, clock=lambda: now[0])
+    display.update({**DOC, "step": 10})
+    now[0] = 2.0
+    display.update({**DOC, "step": 20})  # too soon
+    now[0] = 6.0
+    display.update({**DOC, "step": 30})
+    now[0] = 20.0
+    display.update({**DOC, "step": 30})  # nothing new
+    display.update(None)
+    display.log("job-worker-1", "hello")
+    lines = out.getvalue().splitlines()
+    assert [line.split()[1:3] for line in lines[:-1]] == [["step", "10/200"], ["step", "30/200"]]
+    assert lines[-1] == "[job-worker-1] hello"
+
+
+def test_read_progress_ignores_missing_partial_and_foreign_documents(tmp_path):
+    path = tmp_path / "progress.json"
+    assert read_progress(path) is None
+    path.write_text('{"step": 4, "lo')
+    assert read_progress(path) is None
+    path.write_text("[1, 2]")
+    assert read_progress(path) is None
+    path.write_text('{"step": 4}')
+    assert read_progress(path) == {"step": 4}
+
+
+def test_summary_names_every_figure():
+    summary = RunSummary(
+        status="Succeeded", step=200, total_steps=200, loss=1.5, tokens_per_second=9000.0,
+        wall_seconds=75.0, checkpoint="runs/j/checkpoints/step-00000200", restarts=1,
+    )
+    text = "\n".join(summary_lines(summary))
+    for expected in ("Succeeded", "200/200", "1.5000", "9,000", "1m15s", "restarts:    1", "step-00000200"):
+        assert expected in text

@@ -1,0 +1,178 @@
+"""handlers.py: kopf routes every event into the one reconcile.
+
+Two levels: the handler functions called directly against the in-memory
+client, and the real kopf operator running in-process against kmock (an
+HTTP emulator of the Kubernetes API), talking to it through the real
+KubernetesClient.
+"""
+
+import asyncio
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import kmock
+import kopf
+import kubernetes.config.kube_config
+import pytest
+import yaml
+from fake_cluster import FakeCluster
+
+from brain_operator import handlers
+from brain_operator.cluster import KubernetesClient
+from brain_operator.spec import API_VERSION, KIND, PLURAL, OperatorDefaults
+
+T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
+NS = "default"
+
+
+def manifest(name="demo", nodes=2, **meta):
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": NS, **meta},
+        "spec": {"nodes": nodes},
+    }
+
+
+def context(cluster):
+    # The image comes from the operator's defaults, as the Helm chart sets it.
+    return handlers.Context(client=cluster, defaults=OperatorDefaults(image="registry.example/brain:1"), clock=lambda: T0)
+
+
+def test_job_pod_and_timer_events_all_reconcile_the_job():
+    cluster = FakeCluster()
+    memo = kopf.Memo(context=context(cluster))
+    cluster.apply_job(manifest())
+    # kopf passes a body too; the handlers ignore it and re-read the job.
+    handlers.on_job(name="demo", namespace=NS, memo=memo, body={"status": {"restarts": 99}})
+    assert sorted(cluster.pods()) == ["demo-worker-0", "demo-worker-1"]
+    assert cluster.get_job(NS, "demo")["status"]["restarts"] == 0
+    cluster.run_all()
+    cluster.exit_pod("demo-worker-0", 1)
+    handlers.on_pod(labels={"brain.ai/job-name": "demo"}, namespace=NS, memo=memo)
+    status = cluster.get_job(NS, "demo")["status"]
+    assert status["restarts"] == 1 and status["phase"] == "Restarting"
+    cluster.run_all()
+    handlers.resync(name="demo", namespace=NS, memo=memo)
+    assert cluster.get_job(NS, "demo")["status"]["phase"] == "Running"
+    metrics = memo.context.metrics.registry
+    assert metrics.get_sample_value("brain_operator_jobs", {"phase": "Running"}) == 1
+    # A pod event for a job that is gone is a no-op, and the job leaves the metrics.
+    del cluster.objects[next(r for r in cluster.objects if r.kind == KIND)]
+    assert handlers.reconcile_job(memo.context, NS, "demo") is None
+    assert metrics.get_sample_value("brain_operator_jobs", {"phase": "Running"}) == 0
+
+
+def test_run_needs_a_scope():
+    with pytest.raises(ValueError, match="namespace"):
+        handlers.run()
+
+
+def test_importing_the_handlers_does_not_import_torch():
+    code = "import sys, brain_operator.handlers; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+# ---- the real kopf operator against kmock ----------------------------------------------------
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock 0.8 with list responses that carry a kind, as the kubernetes client requires."""
+
+    async def _serve_list(self, request):
+        return {"apiVersion": "v1", "kind": "List", **await super()._serve_list(request)}
+
+
+RESOURCES = {
+    f"{API_VERSION}/{PLURAL}": ("BrainTrainingJob", True, {"status"}),
+    "v1/pods": ("Pod", True, {"status"}),
+    "v1/services": ("Service", True, set()),
+    "v1/configmaps": ("ConfigMap", True, set()),
+    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, set()),
+    "v1/events": ("Event", True, set()),
+    "v1/namespaces": ("Namespace", False, set()),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, set()),
+}
+VERBS = {"get", "list", "watch", "create", "patch", "delete"}
+
+
+async def first_event(km, path, predicate, timeout=30.0):
+    """Watch `path` (kmock replays what exists as ADDED, then streams changes) until an object matches."""
+
+    async def watch():
+        response = await km.get(f"{path}?watch=true")
+        async for line in response.content:
+            event = json.loads(line) if line.strip() else None
+            if event and event["type"] != "DELETED" and predicate(event["object"]):
+                response.close()
+                return event["object"]
+
+    return await asyncio.wait_for(watch(), timeout)
+
+
+def pod_named(name, *, failed=False):
+    def match(obj):
+        return obj["metadata"]["name"] == name and ((obj.get("status") or {}).get("phase") == "Failed") == failed
+    return match
+
+
+async def operator_scenario(tmp_path, monkeypatch):
+    async with Emulator() as km, kmock.Server(km):
+        for key, (kind, namespaced, subresources) in RESOURCES.items():
+            km.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources)
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": str(km.url).rstrip("/")}}],
+            "users": [{"name": "kmock", "user": {"token": "test"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+        }))
+        # What KUBECONFIG does, for a library that read the variable at import time.
+        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        client = await asyncio.to_thread(KubernetesClient)
+        settings = kopf.OperatorSettings()
+        # kmock cannot list cluster-scoped namespaces: watch the named namespace as given (what kopf
+        # also falls back to when RBAC forbids listing namespaces).
+        settings.scanning.disabled = True
+        stop = asyncio.Event()
+        operator = asyncio.create_task(kopf.operator(
+            settings=settings, standalone=True, namespaces=[NS], stop_flag=stop,
+            memo=kopf.Memo(context=handlers.Context(client=client, defaults=OperatorDefaults(image="img:1"))),
+        ))
+        try:
+            jobs = f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}"
+            # kmock assigns no uid or resourceVersion; kopf's patches need the latter.
+            created = await km.post(jobs, json=manifest(uid="uid-1", generation=1, resourceVersion="1"))
+            assert created.status == 200
+            pods = f"/api/v1/namespaces/{NS}/pods"
+            worker = await first_event(km, pods, pod_named("demo-worker-1"))
+            assert worker["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+            await first_event(km, pods, pod_named("demo-worker-0"))
+            job = await first_event(km, jobs, lambda o: (o.get("status") or {}).get("phase") == "Pending")
+            # A worker fails: the pod event reaches reconcile, which replaces the pod and counts it.
+            failed = {"status": {"phase": "Failed", "containerStatuses": [
+                {"name": "trainer", "state": {"terminated": {"exitCode": 1, "message": "boom"}}}]}}
+            response = await km.patch(f"{pods}/demo-worker-1/status", json=failed,
+                                      headers={"Content-Type": "application/merge-patch+json"})
+            assert response.status == 200
+            await first_event(km, pods, pod_named("demo-worker-1", failed=True))
+            restarted = await first_event(km, jobs, lambda o: (o.get("status") or {}).get("restarts") == 1)
+            fresh = await first_event(km, pods, pod_named("demo-worker-1"))
+            return job, restarted, fresh
+        finally:
+            stop.set()
+            await asyncio.wait_for(operator, 30)
+
+
+def test_kopf_operator_in_process_against_kmock(tmp_path, monkeypatch):
+    job, restarted, fresh = asyncio.run(operator_scenario(tmp_path, monkeypatch))
+    annotations = job["metadata"].get("annotations") or {}
+    # kopf's bookkeeping lives under brain.ai/, never in status; no finalizer is added.
+    assert "brain.ai/last-handled-configuration" in annotations
+    assert not job["metadata"].get("finalizers")
+    assert set(job["status"]) >= {"phase", "conditions", "workers", "restarts", "observedGeneration"}
+    assert job["status"]["workers"]["desired"] == 2
+    assert restarted["status"]["phase"] in ("Restarting", "Pending")
+    assert fresh["metadata"]["name"] == "demo-worker-1"

@@ -1,0 +1,173 @@
+"""Rendered pods -> local process plans: the pure half of `braintrain run`."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from brain_operator.local_plan import (
+    LocalRunError,
+    localize_manifest,
+    plan_local,
+    process_env,
+    rewrite_path,
+)
+from brain_operator.render import render_elastic
+from brain_operator.spec import parse_job, trainer_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-minimal.yaml"
+WORKDIR = Path("/work/runs/demo")
+PYTHON = "/venv/bin/python"
+
+
+def manifest(**spec_changes):
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["spec"].update(spec_changes)
+    return data
+
+
+def plan(objects=None, **spec_changes):
+    job = parse_job(manifest(**spec_changes), require_image=False)
+    return plan_local(
+        objects if objects is not None else render_elastic(job),
+        workdir=WORKDIR,
+        rdzv_port=41234,
+        metrics_port=41235,
+        python=PYTHON,
+        backoff_limit=2,
+        cpu_count=8,
+    )
+
+
+def local_trainer_yaml(p):
+    return yaml.safe_load(p.files[WORKDIR / "config" / "trainer.yaml"])
+
+
+def test_each_worker_pod_becomes_a_torchrun_agent_with_the_pods_args():
+    p = plan()
+    assert [w.name for w in p.workers] == ["local-minimal-worker-0", "local-minimal-worker-1"]
+    for worker in p.workers:
+        assert worker.argv == [
+            PYTHON, "-m", "torch.distributed.run", "-m", "brain_trainer", "--config", str(WORKDIR / "config" / "trainer.yaml"),
+        ]
+
+
+def test_rendezvous_on_loopback_with_pod_0_hosting_the_store():
+    p = plan()
+    env0, env1 = (w.env for w in p.workers)
+    assert env0["PET_RDZV_ENDPOINT"] == env1["PET_RDZV_ENDPOINT"] == "127.0.0.1:41234"
+    assert (env0["PET_RDZV_CONF"], env1["PET_RDZV_CONF"]) == ("is_host=1", "is_host=0")
+    assert env0["PET_LOCAL_ADDR"] == "127.0.0.1"
+    assert env0["PET_NNODES"] == "2:2" and env0["PET_NPROC_PER_NODE"] == "1"
+    # The cores are split between the two processes.
+    assert env0["OMP_NUM_THREADS"] == env1["OMP_NUM_THREADS"] == "4"
+
+
+def test_the_pod_env_is_carried_over_except_what_must_change_locally():
+    job = parse_job(manifest(), require_image=False)
+    pods = [o for o in render_elastic(job) if o["kind"] == "Pod"]
+    p = plan()
+    local_only = {"PET_RDZV_ENDPOINT", "PET_LOCAL_ADDR", "BRAIN_PROGRESS_FILE", "OMP_NUM_THREADS"}
+    for pod, worker in zip(pods, p.workers):
+        pod_env = {v["name"]: v["value"] for v in pod["spec"]["containers"][0]["env"]}
+        assert {k: v for k, v in worker.env.items() if k not in local_only} == {
+            k: v for k, v in pod_env.items() if k not in local_only
+        }
+
+
+def test_no_in_pod_path_or_cluster_dns_name_survives():
+    job = parse_job(manifest(), require_image=False)
+    objects = render_elastic(job)
+    pod = next(o for o in objects if o["kind"] == "Pod")
+    in_pod = [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]]
+    p = plan()
+    text = yaml.safe_dump([[w.argv, w.env] for w in p.workers]) + "".join(p.files.values())
+    for path in in_pod:
+        assert f" {path}" not in text and f"'{path}" not in text, path
+    assert ".local-minimal-workers" not in text
+
+
+def test_volumes_become_folders_under_the_workdir():
+    p = plan()
+    assert p.checkpoint_dir == WORKDIR / "checkpoints"
+    assert p.dirs == [WORKDIR / "checkpoints", WORKDIR / "config"]
+    assert p.workers[1].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-1" / "dshm"]
+    assert p.progress_file == WORKDIR / "progress.json"
+    assert all(w.env["BRAIN_PROGRESS_FILE"] == str(p.progress_file) for w in p.workers)
+
+
+def test_trainer_yaml_is_the_rendered_one_with_local_paths_and_port():
+    job = parse_job(manifest(), require_image=False)
+    expected = trainer_config(job).to_dict()
+    local = local_trainer_yaml(plan())
+    assert local["checkpoint"]["dir"] == str(WORKDIR / "checkpoints")
+    assert local["metrics"]["port"] == 41235
+    expected["checkpoint"]["dir"] = local["checkpoint"]["dir"]
+    expected["metrics"]["port"] = 41235
+    assert local == expected
+
+
+def test_checkpoints_are_shared_even_when_the_cluster_would_use_pod_scratch():
+    # Without a claim the rendered checkpoint volume is an emptyDir; locally it
+    # must still be one folder every worker writes, or resuming would be impossible.
+    p = plan(nodes=1, checkpoint={"mountPath": "/ckpt"})
+    assert p.checkpoint_dir == WORKDIR / "checkpoints"
+    assert local_trainer_yaml(p)["checkpoint"]["dir"] == str(WORKDIR / "checkpoints")
+    assert p.workers[0].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-0" / "dshm"]
+
+
+def test_steps_name_and_budget_come_through():
+    p = plan(training={"steps": 77})
+    assert (p.job_name, p.total_steps, p.backoff_limit) == ("local-minimal", 77, 2)
+
+
+def test_a_container_that_is_not_torchrun_is_refused():
+    job = parse_job(manifest(), require_image=False)
+    objects = render_elastic(job)
+    objects[-1]["spec"]["containers"][0]["command"] = ["sh", "-c", "echo hi"]
+    with pytest.raises(LocalRunError, match="local-minimal-worker-1.*torchrun"):
+        plan(objects)
+
+
+def test_env_from_the_downward_api_maps_to_local_values():
+    job = parse_job(manifest(), require_image=False)
+    objects = render_elastic(job)
+    env = objects[-1]["spec"]["containers"][0]["env"]
+    env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+    env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    worker = plan(objects).workers[-1]
+    assert (worker.env["POD_NAME"], worker.env["POD_IP"]) == ("local-minimal-worker-1", "127.0.0.1")
+    env.append({"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})
+    with pytest.raises(LocalRunError, match="SECRET"):
+        plan(objects)
+
+
+def test_rewrite_path_respects_path_boundaries():
+    mounts = {"/checkpoints": Path("/w/checkpoints"), "/etc/brain": Path("/w/config"), "/etc/brain/x/": Path("/w/x")}
+    assert rewrite_path("/checkpoints", mounts) == "/w/checkpoints"
+    assert rewrite_path("/checkpoints/step-00000010", mounts) == "/w/checkpoints/step-00000010"
+    assert rewrite_path("/checkpoints2", mounts) == "/checkpoints2"
+    assert rewrite_path("/etc/brain/x/y", mounts) == "/w/x/y"  # the deepest mount wins
+    assert rewrite_path("relative/checkpoints", mounts) == "relative/checkpoints"
+
+
+def test_localize_manifest_expands_the_stdlib_placeholder_and_relative_paths():
+    base, stdlib = Path("/home/u/jobs"), Path("/usr/lib/python3.11")
+
+    def localized(path):
+        return localize_manifest(manifest(data={"source": "files", "path": path}), base_dir=base, stdlib=stdlib)["spec"]["data"]["path"]
+
+    assert localized("{stdlib}/json/*.py") == "/usr/lib/python3.11/json/*.py"
+    assert localized("text/*.txt") == "/home/u/jobs/text/*.txt"
+    assert localized("/data/*.txt") == "/data/*.txt"
+    assert localized("~/corpus/*.txt") == "~/corpus/*.txt"
+    untouched = manifest(data={"source": "synthetic"})
+    assert localize_manifest(untouched, base_dir=base, stdlib=stdlib) == untouched
+
+
+def test_process_env_drops_inherited_launch_variables():
+    worker = plan().workers[1]
+    inherited = {"PATH": "/usr/bin", "HOME": "/home/u", "RANK": "3", "MASTER_PORT": "1", "PET_NNODES": "9", "TORCHELASTIC_RUN_ID": "x"}
+    env = process_env(inherited, worker)
+    assert env["PATH"] == "/usr/bin" and env["HOME"] == "/home/u"
+    assert "RANK" not in env and "MASTER_PORT" not in env and "TORCHELASTIC_RUN_ID" not in env
+    assert env["PET_NNODES"] == "2:2"

@@ -1,0 +1,266 @@
+"""reconcile.py against the in-memory ClusterClient: issue 4's acceptance point 4, both backends."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from fake_cluster import FakeCluster
+
+from brain_operator.reconcile import reconcile
+from brain_operator.spec import API_VERSION, KIND
+from brain_operator.status import format_time
+from brain_trainer.exitcodes import PREEMPTED
+
+T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
+NS = "default"
+
+
+def manifest(name="j", nodes=2, **spec):
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"image": "registry.example/brain-trainer:1", "nodes": nodes, **spec},
+    }
+
+
+def step(cluster, now=T0, name="j"):
+    return reconcile(cluster.get_job(NS, name), cluster, now)
+
+
+def condition(status, kind):
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+def started(cluster, job=None, **spec):
+    """A job whose pods exist and run."""
+    cluster.apply_job(job or manifest(**spec))
+    step(cluster)
+    cluster.run_all()
+    status = step(cluster)
+    assert status["phase"] == "Running"
+    return status
+
+
+@pytest.fixture
+def cluster():
+    return FakeCluster()
+
+
+def test_create_renders_children_and_a_pending_status(cluster):
+    cluster.apply_job(manifest(nodes=3))
+    status = step(cluster)
+    assert cluster.kinds() == ["ConfigMap", "Pod", "Pod", "Pod", "Service"]
+    assert list(cluster.pods()) == ["j-worker-0", "j-worker-1", "j-worker-2"]
+    owner = cluster.pods()["j-worker-0"]["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == cluster.get_job(NS, "j")["metadata"]["uid"]
+    assert status["phase"] == "Pending" and status["observedGeneration"] == 1 and status["restarts"] == 0
+    assert condition(status, "Valid")["status"] == "True"
+    assert status["workers"] == {"desired": 3, "ready": 0, "running": 0, "succeeded": 0, "failed": 0}
+    assert cluster.get_job(NS, "j")["status"] == status
+
+
+def test_repeat_and_resume_write_nothing(cluster):
+    cluster.apply_job(manifest())
+    first = step(cluster)
+    writes = len(cluster.writes)
+    # Again, and as a restarted operator would, later: the same cluster, the same answer, no write.
+    assert step(cluster) == first and step(cluster, T0 + timedelta(hours=1)) == first
+    assert len(cluster.writes) == writes
+    cluster.run_all()
+    running = step(cluster)
+    assert [kind for kind, _ in cluster.writes[writes:]] == ["patch_status"]
+    writes = len(cluster.writes)
+    assert step(cluster, T0 + timedelta(minutes=3)) == running and len(cluster.writes) == writes
+    assert len(cluster.pods()) == 2
+
+
+def test_failed_pod_is_recreated_and_restarts_grow(cluster):
+    started(cluster)
+    cluster.exit_pod("j-worker-1", 1, message="Traceback: CUDA error")
+    status = step(cluster)
+    assert status["restarts"] == 1 and status["phase"] == "Restarting"
+    assert cluster.pods()["j-worker-1"]["status"]["phase"] == "Pending"  # a fresh pod
+    cluster.run_all()
+    status = step(cluster)
+    assert status["phase"] == "Running" and status["restarts"] == 1
+    assert condition(status, "Restarting")["status"] == "False"
+
+
+@pytest.mark.parametrize(
+    "disrupt",
+    [
+        lambda c: c.evict_pod("j-worker-0"),
+        lambda c: c.exit_pod("j-worker-0", PREEMPTED),
+        lambda c: c.set_pod("j-worker-0", "Failed", conditions=[{"type": "DisruptionTarget", "status": "True"}]),
+    ],
+    ids=["evicted", "preempted-exit-code", "disruption-target"],
+)
+def test_evicted_or_preempted_pods_are_replaced_for_free(cluster, disrupt):
+    started(cluster, runPolicy={"backoffLimit": 0})
+    disrupt(cluster)
+    status = step(cluster)
+    assert status["restarts"] == 0 and status["phase"] == "Restarting"
+    assert cluster.pods()["j-worker-0"]["status"]["phase"] == "Pending"
+
+
+def test_spent_budget_fails_the_job_for_good(cluster):
+    started(cluster, runPolicy={"backoffLimit": 1})
+    cluster.exit_pod("j-worker-0", 1)
+    assert step(cluster)["restarts"] == 1
+    cluster.run_all()
+    step(cluster)
+    cluster.exit_pod("j-worker-1", 137)
+    status = step(cluster)
+    assert status["phase"] == "Failed" and status["restarts"] == 1
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded" and "j-worker-1" in failed["message"]
+    assert "backoffLimit=1" in failed["message"] and status["completionTime"] == format_time(T0)
+    # The failed pod stays for its logs; its still-running sibling is stopped.
+    assert list(cluster.pods()) == ["j-worker-1"]
+    # Nothing brings it back: not pods running again, not missing children, not time.
+    cluster.objects = {r: o for r, o in cluster.objects.items() if r.kind != "Service"}
+    writes = len(cluster.writes)
+    later = step(cluster, T0 + timedelta(hours=2))
+    assert later["phase"] == "Failed" and later["conditions"] == status["conditions"]
+    assert len(cluster.writes) == writes and "Service" not in cluster.kinds()
+
+
+def test_all_workers_succeeded(cluster):
+    started(cluster, runPolicy={"ttlSecondsAfterFinished": 60})
+    cluster.exit_pod("j-worker-0", 0)
+    status = step(cluster, T0 + timedelta(minutes=1))
+    assert status["phase"] == "Running" and status["workers"]["succeeded"] == 1
+    cluster.exit_pod("j-worker-1", 0)
+    done = step(cluster, T0 + timedelta(minutes=2))
+    assert done["phase"] == "Succeeded" and done["completionTime"] == format_time(T0 + timedelta(minutes=2))
+    assert condition(done, "Succeeded")["status"] == "True" and done["workers"]["succeeded"] == 2
+    assert len(cluster.pods()) == 2
+    # ttlSecondsAfterFinished: the pods go, the job and its status stay.
+    after = step(cluster, T0 + timedelta(minutes=3, seconds=1))
+    assert cluster.pods() == {} and after["phase"] == "Succeeded"
+    assert after["completionTime"] == done["completionTime"]
+
+
+def test_workers_that_fail_after_training_ended_fail_the_job(cluster):
+    started(cluster)
+    cluster.exit_pod("j-worker-0", 0)
+    cluster.exit_pod("j-worker-1", 1)
+    status = step(cluster)
+    assert status["phase"] == "Failed" and condition(status, "Failed")["reason"] == "WorkersFailed"
+    assert len(cluster.pods()) == 2  # nothing recreated once training is over
+
+
+def test_deleted_children_come_back(cluster):
+    started(cluster)
+    for ref in [r for r in cluster.objects if r.kind in ("Service", "ConfigMap") or r.name == "j-worker-1"]:
+        del cluster.objects[ref]
+    status = step(cluster)
+    assert cluster.kinds() == ["ConfigMap", "Pod", "Pod", "Service"]
+    # A pod the user deleted is not a failure.
+    assert status["restarts"] == 0
+
+
+def test_invalid_spec_fails_without_children(cluster):
+    cluster.apply_job(manifest(nodes=0, training={"microBatchSize": "eight"}))
+    status = step(cluster)
+    assert status["phase"] == "Failed" and cluster.kinds() == []
+    valid = condition(status, "Valid")
+    assert valid["status"] == "False" and valid["reason"] == "InvalidSpec"
+    assert "spec.nodes: must be >= 1, got 0" in valid["message"]
+    assert "spec.training.microBatchSize" in valid["message"]
+    assert condition(status, "Failed")["reason"] == "InvalidSpec"
+    assert step(cluster) == status
+    # A corrected spec runs: an invalid spec is the one failure that is not final.
+    cluster.apply_job(manifest(nodes=1))
+    fixed = step(cluster)
+    assert fixed["phase"] == "Pending" and condition(fixed, "Valid")["status"] == "True"
+    assert fixed["observedGeneration"] == 2 and len(cluster.pods()) == 1
+
+
+def test_suspend_deletes_pods_and_resume_brings_them_back(cluster):
+    started(cluster)
+    cluster.exit_pod("j-worker-1", 1)
+    step(cluster)
+    cluster.apply_job(manifest(runPolicy={"suspend": True}))
+    status = step(cluster, T0 + timedelta(minutes=1))
+    assert status["phase"] == "Suspended" and cluster.pods() == {}
+    assert cluster.kinds() == ["ConfigMap", "Service"] and status["restarts"] == 1
+    assert step(cluster, T0 + timedelta(minutes=2)) == status
+    cluster.apply_job(manifest(runPolicy={"suspend": False}))
+    resumed = step(cluster, T0 + timedelta(minutes=3))
+    assert resumed["phase"] == "Pending" and len(cluster.pods()) == 2
+    assert condition(resumed, "Suspended")["status"] == "False" and resumed["restarts"] == 1
+    cluster.run_all()
+    assert step(cluster, T0 + timedelta(minutes=4))["startTime"] == format_time(T0 + timedelta(minutes=4))
+
+
+def test_nodes_changed_within_the_elastic_range(cluster):
+    elastic = {"minNodes": 1, "maxNodes": 4}
+    started(cluster, elastic=elastic)
+    cluster.apply_job(manifest(nodes=4, elastic=elastic))
+    status = step(cluster)
+    assert list(cluster.pods()) == [f"j-worker-{i}" for i in range(4)]
+    assert status["workers"]["desired"] == 4 and status["phase"] == "Running"  # 2 running >= minNodes 1
+    cluster.run_all()
+    cluster.apply_job(manifest(nodes=1, elastic=elastic))
+    status = step(cluster)
+    assert list(cluster.pods()) == ["j-worker-0"] and status["restarts"] == 0
+    assert status["workers"]["desired"] == 1 and status["observedGeneration"] == 3
+    # Outside the range: refused with the field named, and nothing is touched.
+    cluster.apply_job(manifest(nodes=9, elastic=elastic))
+    status = step(cluster)
+    assert "spec.nodes" in condition(status, "Valid")["message"] and list(cluster.pods()) == ["j-worker-0"]
+
+
+def test_active_deadline_fails_the_job(cluster):
+    started(cluster, runPolicy={"activeDeadlineSeconds": 600})
+    assert step(cluster, T0 + timedelta(seconds=599))["phase"] == "Running"
+    status = step(cluster, T0 + timedelta(seconds=600))
+    assert status["phase"] == "Failed" and condition(status, "Failed")["reason"] == "DeadlineExceeded"
+    assert cluster.pods() == {}
+
+
+def test_a_terminating_pod_is_counted_once_and_replaced_when_gone():
+    cluster = FakeCluster(graceful_pod_deletion=True)
+    started(cluster)
+    cluster.exit_pod("j-worker-0", 1)
+    assert step(cluster)["restarts"] == 1
+    # The old pod still terminates: the create was refused (409), nothing is counted twice.
+    assert cluster.pods()["j-worker-0"]["metadata"]["deletionTimestamp"]
+    assert step(cluster)["restarts"] == 1
+    cluster.forget_pending_deletions()
+    status = step(cluster)
+    assert status["restarts"] == 1 and cluster.pods()["j-worker-0"]["status"]["phase"] == "Pending"
+
+
+def test_pytorchjob_backend(cluster):
+    cluster.apply_job(manifest(nodes=3, backend="pytorchjob"))
+    status = step(cluster)
+    assert "PyTorchJob" in cluster.kinds() and "Pod" not in cluster.kinds()
+    assert status["phase"] == "Pending" and step(cluster) == status
+    ref = next(r for r in cluster.objects if r.kind == "PyTorchJob")
+    cluster.objects[ref]["status"] = {
+        "conditions": [
+            {"type": "Created", "status": "True", "lastTransitionTime": "2026-11-22T12:00:00Z"},
+            {"type": "Running", "status": "True", "reason": "PyTorchJobRunning",
+             "lastTransitionTime": "2026-11-22T12:00:10Z"},
+        ],
+        "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 2}},
+    }
+    status = step(cluster)
+    assert status["phase"] == "Running" and status["workers"]["running"] == 3
+    # Suspending a delegated job patches the PyTorchJob; Kubeflow does the rest.
+    cluster.apply_job(manifest(nodes=3, backend="pytorchjob", runPolicy={"suspend": True}))
+    writes = len(cluster.writes)
+    step(cluster)
+    assert ("patch", ref) in cluster.writes[writes:]
+    assert cluster.objects[ref]["spec"]["runPolicy"]["suspend"] is True
+    writes = len(cluster.writes)
+    step(cluster)
+    assert ("patch", ref) not in cluster.writes[writes:]
+    cluster.objects[ref]["status"]["conditions"].append(
+        {"type": "Succeeded", "status": "True", "lastTransitionTime": "2026-11-22T13:00:00Z"}
+    )
+    cluster.objects[ref]["status"]["completionTime"] = "2026-11-22T13:00:00Z"
+    done = step(cluster)
+    assert done["phase"] == "Succeeded" and done["completionTime"] == "2026-11-22T13:00:00Z"

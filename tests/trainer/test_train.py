@@ -1,0 +1,133 @@
+"""The training loop: torchrun end to end, world-size equivalence, and its pure helpers."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from brain_trainer.config import TrainerConfig
+from brain_trainer.progress import Progress, eta_seconds, format_progress, utc_timestamp, write_progress
+from brain_trainer.schema import ConfigError
+from brain_trainer.train import param_groups, resolve_strategy, train
+from harness import free_port, run_ranks
+
+LOG_LINE = re.compile(r"step (\d+)/(\d+) loss ([\d.]+) tokens/s ([\d.]+)")
+
+
+def stdlib_glob() -> str:
+    """Text present on every machine: the Python standard library's own sources."""
+    return str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")
+
+
+def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
+    steps = 80
+    config = {
+        "model": {"preset": "minimal"},
+        "training": {
+            "steps": steps, "micro_batch_size": 4, "seq_len": 32, "learning_rate": 3e-3,
+            "warmup_steps": 10, "log_interval": 5,
+        },
+        "distributed": {"strategy": "auto"},
+        "data": {"source": "files", "path": stdlib_glob()},
+        "checkpoint": {"dir": str(tmp_path / "checkpoints"), "interval_steps": 0},
+        "metrics": {"port": 0},
+    }
+    cfg_path = tmp_path / "trainer.yaml"
+    cfg_path.write_text(yaml.safe_dump(config))
+    progress_path = tmp_path / "progress.json"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+         "-m", "brain_trainer", "--config", str(cfg_path)],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "BRAIN_PROGRESS_FILE": str(progress_path), "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    logged = [(int(m[1]), float(m[3])) for m in LOG_LINE.finditer(proc.stdout)]
+    assert [s for s, _ in logged] == list(range(5, steps + 1, 5)), "rank 0 alone logs, every log_interval steps"
+    first, last = logged[0][1], logged[-1][1]
+    assert last <= 0.7 * first, f"loss fell only from {first} to {last}"
+    doc = json.loads(progress_path.read_text())
+    assert doc["step"] == doc["total_steps"] == steps
+    assert doc["loss"] == pytest.approx(last, abs=1e-4) and doc["tokens_per_second"] > 0 and doc["eta_seconds"] == 0
+    assert (tmp_path / "checkpoints" / f"step-{steps:08d}").is_dir()
+
+
+def _small_job(**training):
+    return TrainerConfig.from_dict({
+        "training": {"steps": 6, "seq_len": 16, "learning_rate": 2e-3, "warmup_steps": 2, "log_interval": 1, **training},
+        "distributed": {"strategy": "ddp"},
+        "data": {"source": "synthetic", "num_samples": 50},  # 50: epochs roll over mid-run
+        "checkpoint": {"enabled": False},
+        "metrics": {"port": 0},
+    })
+
+
+def _train_on_ranks(rank, world_size, training):
+    torch.set_num_threads(1)
+    result = train(_small_job(**training))
+    return result.step, [loss for _, loss in result.history]
+
+
+def test_same_losses_at_any_world_size_and_accumulation(monkeypatch):
+    two_ranks = run_ranks(_train_on_ranks, 2, {"micro_batch_size": 2})
+    assert two_ranks[0] == two_ranks[1], "every rank reports the same averaged loss"
+    step, losses = two_ranks[0]
+    assert step == 6 and len(losses) == 6
+    monkeypatch.setenv("RANK", "0")  # one process, without leaking launcher variables into other tests
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    for training in ({"micro_batch_size": 4}, {"micro_batch_size": 1, "global_batch_size": 4}):
+        monkeypatch.setenv("MASTER_PORT", str(free_port()))
+        single = train(_small_job(**training))
+        assert [loss for _, loss in single.history] == pytest.approx(losses, rel=1e-4), training
+
+
+def test_single_strategy_refuses_more_than_one_rank():
+    cfg = TrainerConfig.from_dict({"distributed": {"strategy": "single"}})
+    with pytest.raises(ConfigError) as exc:
+        resolve_strategy(cfg, 2, torch.device("cpu"))
+    assert exc.value.errors[0].path == "distributed.strategy" and "world size is 2" in str(exc.value)
+    assert resolve_strategy(cfg, 1, torch.device("cpu")).strategy == "single"
+
+
+def test_weight_decay_only_on_matrices():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert {p.ndim for p in decay["params"]} == {2} and len(decay["params"]) == 2
+    assert {p.ndim for p in no_decay["params"]} == {1} and len(no_decay["params"]) == 3
+
+
+def _progress(**overrides):
+    fields = dict(step=40, total_steps=100, loss=2.5, tokens_per_second=1234.5, eta_seconds=12.0,
+                  last_checkpoint_step=None, updated_at="2026-01-02T03:04:05Z")
+    return Progress(**{**fields, **overrides})
+
+
+def test_progress_document_fields_and_eta():
+    doc = json.loads(format_progress(_progress(last_checkpoint_step=40)))
+    assert doc == {"step": 40, "total_steps": 100, "loss": 2.5, "tokens_per_second": 1234.5, "eta_seconds": 12.0,
+                   "last_checkpoint_step": 40, "updated_at": "2026-01-02T03:04:05Z"}
+    assert eta_seconds(40, 100, 0.5) == 30.0 and eta_seconds(100, 100, 0.5) == 0 and eta_seconds(120, 100, 1.0) == 0
+    assert utc_timestamp(datetime(2026, 5, 6, 7, 8, 9, 999, tzinfo=timezone.utc)) == "2026-05-06T07:08:09Z"
+
+
+def test_progress_file_is_replaced_atomically(tmp_path):
+    path = tmp_path / "progress.json"
+    write_progress(str(path), _progress(step=1))
+    write_progress(str(path), _progress(step=2))
+    assert json.loads(path.read_text())["step"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["progress.json"], "no temp file left behind"
+    unserialisable = _progress(loss=object())
+    with pytest.raises(TypeError):
+        write_progress(str(path), unserialisable)
+    assert json.loads(path.read_text())["step"] == 2 and len(list(tmp_path.iterdir())) == 1

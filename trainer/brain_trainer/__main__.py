@@ -1,0 +1,42 @@
+"""`python -m brain_trainer --config FILE`: what torchrun starts in every worker.
+
+A bad config prints one `error: field: message` line per bad field to stderr
+and exits 2 (the usual usage-error code), never with a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Optional, Sequence
+
+from .config import load_config
+from .schema import ConfigError
+
+CONFIG_ERROR_EXIT = 2
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m brain_trainer", description="Train a BrainAI model (one worker).")
+    parser.add_argument("--config", required=True, metavar="FILE", help="trainer.yaml")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout)
+    try:
+        cfg = load_config(args.config)
+        from .train import train  # imports torch: only once the config is known to be good
+
+        train(cfg)
+    except ConfigError as exc:
+        for error in exc.errors:
+            print(f"error: {error}", file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

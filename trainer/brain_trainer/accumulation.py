@@ -1,0 +1,118 @@
+"""Gradient accumulation: k micro-steps, one optimizer step, one gradient sync.
+
+The training loop drives it like this (forward *inside* the context, since
+DDP decides at forward time whether the coming backward syncs):
+
+    with acc.sync_context(micro_idx):
+        loss = loss_fn(model(x), y)
+        stepped = acc.step(loss, optimizer, micro_idx)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterable, Iterator, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.amp import GradScaler
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
+
+
+class GradientAccumulator:
+    """Scales each micro-step's loss by 1/k and steps the optimizer every k micro-steps."""
+
+    def __init__(
+        self,
+        accumulation_steps: int,
+        scaler: Optional[GradScaler] = None,
+        *,
+        model: Optional[nn.Module] = None,
+        max_grad_norm: float = 0.0,
+    ):
+        if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps: must be an integer >= 1, got {accumulation_steps!r}")
+        if not max_grad_norm >= 0:  # also rejects NaN
+            raise ValueError(f"max_grad_norm: must be >= 0, got {max_grad_norm!r}")
+        self.accumulation_steps = accumulation_steps
+        self.scaler = scaler
+        self.model = model
+        self.max_grad_norm = max_grad_norm
+        # Total gradient norm before clipping at the last optimizer step (NaN before the first).
+        self.last_grad_norm = math.nan
+
+    def is_boundary(self, micro_idx: int) -> bool:
+        """True on the micro-step that completes an accumulation window."""
+        if micro_idx < 0:
+            raise ValueError(f"micro_idx: must be >= 0, got {micro_idx}")
+        return (micro_idx + 1) % self.accumulation_steps == 0
+
+    @contextlib.contextmanager
+    def sync_context(self, micro_idx: int) -> Iterator[None]:
+        """Suppress the gradient all-reduce/reduce-scatter on non-boundary micro-steps."""
+        sync = self.is_boundary(micro_idx)
+        model = self.model
+        if isinstance(model, DistributedDataParallel) and not sync:
+            with model.no_sync():
+                yield
+        elif isinstance(model, FSDPModule):
+            # FSDP2 has no context manager; the flag stays until the next call sets it.
+            model.set_requires_gradient_sync(sync)
+            yield
+        else:
+            yield
+
+    def step(self, loss: Tensor, optimizer: Optimizer, step_idx: int) -> bool:
+        """Backward this micro-step; on a boundary, clip and step. Returns True when it stepped."""
+        boundary = self.is_boundary(step_idx)
+        scaled = loss / self.accumulation_steps
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+        if not boundary:
+            return False
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        self.last_grad_norm = self._clip(self._parameters(optimizer))
+        if self.scaler is not None:
+            self.scaler.step(optimizer)  # skips the update when gradients overflowed
+            self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return True
+
+    def effective_batch_size(self, micro_batch: int, world_size: int) -> int:
+        """Samples per optimizer step over all ranks: micro_batch x k x world_size."""
+        for name, value in (("micro_batch", micro_batch), ("world_size", world_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+        return micro_batch * self.accumulation_steps * world_size
+
+    def _parameters(self, optimizer: Optimizer) -> list[Tensor]:
+        source: Iterable[Tensor] = (
+            self.model.parameters()
+            if self.model is not None
+            else (p for group in optimizer.param_groups for p in group["params"])
+        )
+        return [p for p in source if p.grad is not None]
+
+    def _clip(self, params: list[Tensor]) -> float:
+        """Clip to max_grad_norm (0 = never) and return the norm before clipping."""
+        if not params:
+            return 0.0
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=_foreach(params))
+        if isinstance(norm, DTensor):  # FSDP2: a partial norm over the shards; reduce it once
+            norm = norm.full_tensor()
+        if self.max_grad_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, norm, foreach=_foreach(params))
+        return float(norm)
+
+
+def _foreach(params: list[Tensor]) -> Optional[bool]:
+    """The fused kernels need every gradient on one device type; let torch pick otherwise."""
+    return None if len({p.grad.device.type for p in params}) == 1 else False

@@ -1,0 +1,305 @@
+"""CheckpointManager: when to save, asynchronous saves, commit, resume, preemption."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from .. import exitcodes
+from ..config import CheckpointConfig
+from . import shards, store
+from .state import TrainState, rng_key
+
+log = logging.getLogger(__name__)
+
+# Kubernetes reads a container's termination message from this file; the
+# operator may point it elsewhere (container terminationMessagePath).
+TERMINATION_LOG_ENV = "BRAIN_TERMINATION_LOG"
+TERMINATION_LOG = "/dev/termination-log"
+
+
+class Preempted(SystemExit):
+    """Raised after the preemption checkpoint is committed; exits with exitcodes.PREEMPTED."""
+
+    def __init__(self) -> None:
+        super().__init__(exitcodes.PREEMPTED)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used for a reason a fallback would hide (e.g. another model)."""
+
+
+# -- collectives over a group, degrading to local values in a single process --
+
+
+def _broadcast(obj: Any, group: dist.ProcessGroup | None) -> Any:
+    if group is None:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def _gather(obj: Any, group: dist.ProcessGroup | None) -> list[Any]:
+    if group is None:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _any(flag: bool, group: dist.ProcessGroup | None) -> bool:
+    if group is None:
+        return flag
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
+
+
+def _barrier(group: dist.ProcessGroup | None) -> None:
+    if group is not None:
+        dist.barrier(group=group)
+
+
+def _verify(folder: Path, manifest: dict[str, Any], group: dist.ProcessGroup | None) -> list[str]:
+    """Check every file against the manifest, each rank reading its share; all ranks get all problems."""
+    names = sorted(manifest["files"])
+    rank, world = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+    mine = store.verify_files(folder, manifest["files"], names[rank::world])
+    return [problem for problems in _gather(mine, group) for problem in problems]
+
+
+def _write_termination_message() -> None:
+    path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
+    try:
+        with open(path, "w") as f:
+            f.write(exitcodes.PREEMPTED_MESSAGE)
+    except OSError:
+        pass  # not in a container, or not writable: the exit code still says it
+
+
+class CheckpointManager:
+    """Saves TrainState every `interval_steps` into `cfg.dir` and resumes from it.
+
+    Collective: every rank constructs one and makes the same calls in the same
+    order. Saves run on their own gloo group, so an asynchronous save's
+    background collectives never interleave with the training loop's.
+    """
+
+    def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_hash: str):
+        self.cfg = cfg
+        self.rank = rank
+        self.world_size = world_size
+        self.config_hash = config_hash
+        self.root = Path(cfg.dir)
+        self.last_committed: tuple[int, Path] | None = None
+        self.last_stall_s = 0.0  # how long the latest save blocked the caller
+        self._saved_step: int | None = None
+        self._pending: Future | None = None
+        self._stop_requested = False
+        self._previous_handler: Any = None
+        distributed = dist.is_initialized()
+        # Two groups: async saves talk on one from a background thread; restore,
+        # barriers and the per-step SIGTERM vote talk on the other from this thread.
+        self._save_group = dist.new_group(backend="gloo") if distributed else None
+        self._group = dist.new_group(backend="gloo") if distributed else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
+        if cfg.enabled and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop_requested = True  # acted on after the current step, by every rank at once
+
+    # -- resume --
+
+    def restore(self, state: TrainState) -> int | None:
+        """Load the newest committed, intact checkpoint into state; returns its step or None."""
+        if not self.cfg.enabled:
+            return None
+        restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        candidates = None
+        if self.rank == 0:
+            candidates = store.list_checkpoints(self.root)
+            store.remove_stale(self.root)
+        for candidate in _broadcast(candidates, self._group):
+            if candidate.manifest is None:
+                if self.rank == 0:
+                    log.warning("skipping %s: %s", candidate.path, candidate.error)
+                continue
+            problems = _verify(candidate.path, candidate.manifest, self._group)
+            if problems:
+                if self.rank == 0:
+                    moved = store.quarantine(candidate.path)
+                    log.error(
+                        "checkpoint %s is damaged (%s); moved to %s, falling back to the previous committed checkpoint",
+                        candidate.path, "; ".join(problems), moved.name,
+                    )
+                _barrier(self._group)
+                continue
+            self._load(state, candidate)
+            self._saved_step = state.step
+            self.last_committed = (candidate.step, candidate.path)
+            return state.step
+        if self.rank == 0:
+            log.info("no committed checkpoint in %s: starting from scratch (torchrun restart count %s)", self.root, restarts)
+        return None
+
+    def _load(self, state: TrainState, candidate: store.Candidate) -> None:
+        manifest = candidate.manifest
+        template = state.state_dict()
+        if rng_key(self.rank) not in shards.saved_keys(candidate.path):
+            template.pop("rng")  # more ranks than at save time: this one keeps its own RNG
+        try:
+            shards.load(template, candidate.path, self._group)
+        except Exception as exc:
+            raise CheckpointError(f"checkpoint {candidate.path} does not fit this model/optimizer: {exc}") from exc
+        state.load_state_dict(template)
+        if self.rank == 0:
+            log.info(
+                "resumed from %s: step %d, global sample index %d, saved at world size %s, now %d, torchrun restart count %s",
+                candidate.path, state.step, state.sample_index, manifest.get("world_size"), self.world_size,
+                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+            )
+            if manifest.get("config_hash") != self.config_hash:
+                log.warning("%s was written with config %s, this run has %s", candidate.path, manifest.get("config_hash"), self.config_hash)
+
+    # -- saving --
+
+    def after_step(self, state: TrainState) -> None:
+        """Call after every optimizer step (state.step already advanced)."""
+        if not self.cfg.enabled:
+            return
+        if _any(self._stop_requested, self._group):
+            self._preempt(state)
+        interval = self.cfg.interval_steps
+        if interval and state.step % interval == 0:
+            self._save(state, blocking=not self.cfg.async_save)
+
+    def finish(self, state: TrainState) -> None:
+        """Final save; returns once it is committed on disk."""
+        if not self.cfg.enabled:
+            return
+        self.wait()
+        if state.step != self._saved_step:
+            self._save(state, blocking=True)
+        _barrier(self._group)
+        self.close()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is written and committed; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    def _preempt(self, state: TrainState) -> None:
+        if self.rank == 0:
+            log.warning("SIGTERM: saving step %d before exiting with code %d", state.step, exitcodes.PREEMPTED)
+        self.wait()
+        if state.step != self._saved_step:
+            self._save(state, blocking=True)
+        _barrier(self._group)  # rank 0 has committed before any rank exits
+        _write_termination_message()
+        self.close()
+        raise Preempted()
+
+    def _save(self, state: TrainState, blocking: bool) -> None:
+        self.wait()  # at most one save in flight
+        started = time.perf_counter()
+        folder = store.tmp_dir(self.root, state.step)
+        fields = {
+            "step": state.step,
+            "sample_index": state.sample_index,
+            "world_size": self.world_size,
+            "torch_version": torch.__version__,
+            "config_hash": self.config_hash,
+        }
+        state_dict = state.state_dict()
+        if blocking:
+            shards.save(state_dict, folder, self._group)
+            self._commit(folder, fields, started)
+        else:
+            written = shards.async_save(state_dict, folder, self._save_group)
+            self._pending = self._executor.submit(self._commit_when_written, written, folder, fields, started)
+        self.last_stall_s = time.perf_counter() - started
+        self._saved_step = state.step
+
+    def _commit_when_written(self, written: Future, folder: Path, fields: dict[str, Any], started: float) -> None:
+        written.result()
+        self._commit(folder, fields, started)
+
+    def _commit(self, folder: Path, fields: dict[str, Any], started: float) -> None:
+        # DCP returns on every rank only after all shards and .metadata are written.
+        if self.rank != 0:
+            return
+        final = self.root / store.step_dir_name(fields["step"])
+        manifest = store.commit(folder, final, fields)
+        self.last_committed = (fields["step"], final)
+        size = sum(f["size"] for f in manifest["files"].values())
+        log.info("checkpoint %s committed: %.1f MB in %.2f s", final, size / 1e6, time.perf_counter() - started)
+        for path in store.apply_retention(self.root, self.cfg.keep_last):
+            log.info("retention (keep_last=%d): deleted %s", self.cfg.keep_last, path)
+
+
+# -- single-shot model checkpoints (FSDPWrapper.save/load_distributed_checkpoint) --
+
+
+def save_model(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Save model (and optimizer) state, sharded, committed atomically to `path`. Collective."""
+    final = Path(path)
+    folder = final.with_name(final.name + store.TMP_SUFFIX)
+    group = dist.group.WORLD if dist.is_initialized() else None
+    rank = dist.get_rank() if group is not None else 0
+    if rank == 0 and folder.exists():
+        shutil.rmtree(folder)
+    _barrier(group)
+    if optimizer is None:
+        state_dict: dict[str, Any] = {"model": get_model_state_dict(model)}
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state_dict = {"model": model_sd, "optim": optim_sd}
+    shards.save(state_dict, folder, group)
+    if rank == 0:
+        world = dist.get_world_size() if group is not None else 1
+        store.commit(folder, final, {"step": None, "world_size": world, "torch_version": torch.__version__})
+    _barrier(group)
+
+
+def load_model(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Load a checkpoint written by save_model (or CheckpointManager) at any world size. Collective."""
+    folder = Path(path)
+    group = dist.group.WORLD if dist.is_initialized() else None
+    manifest = store.read_manifest(folder)
+    problems = _verify(folder, manifest, group)
+    if problems:
+        raise store.ManifestError(f"checkpoint {folder} is damaged: {'; '.join(problems)}")
+    if optimizer is None:
+        state_dict: dict[str, Any] = {"model": get_model_state_dict(model)}
+        shards.load(state_dict, folder, group)
+        set_model_state_dict(model, state_dict["model"])
+    else:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state_dict = {"model": model_sd, "optim": optim_sd}
+        shards.load(state_dict, folder, group)
+        set_state_dict(model, optimizer, model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"])

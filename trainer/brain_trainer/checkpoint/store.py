@@ -1,0 +1,221 @@
+"""The checkpoint folder on disk: names, manifests, atomic commit, verification, retention.
+
+Torch-free and collective-free: plain file operations that one process runs.
+
+    checkpoint.dir/
+      step-00000040/          committed: shards + .metadata + manifest.json
+      step-00000060.tmp/      being written (or left by a crash): never loaded
+      step-00000050.corrupt/  failed verification at load; kept for inspection
+
+A checkpoint is committed when its manifest is in place and its folder carries
+the final name; both happen on one rank after every rank finished writing, so a
+crash at any moment leaves either the old or the new checkpoint, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+TMP_SUFFIX = ".tmp"
+CORRUPT_SUFFIX = ".corrupt"
+DELETING_SUFFIX = ".deleting"
+SUM_SUFFIX = ".sum"  # per-shard sidecar written by the shard's own rank, folded into the manifest
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+_CHUNK = 8 << 20
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def tmp_dir(root: Path, step: int) -> Path:
+    return root / (step_dir_name(step) + TMP_SUFFIX)
+
+
+def file_digest(path: Path) -> dict[str, Any]:
+    """Size and CRC-32 of a file (CRC-32: fast, and corruption is what we detect, not tampering)."""
+    crc = 0
+    size = 0
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb") as f:
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
+            size += n
+    return {"size": size, "crc32": f"{crc:08x}"}
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a small file so that readers see the old content or the new, never a prefix."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_shard_sums(folder: Path, names: Iterable[str]) -> None:
+    """Record size and checksum of shards this rank wrote, next to them (read back at commit)."""
+    for name in names:
+        write_atomic(folder / (name + SUM_SUFFIX), json.dumps(file_digest(folder / name)))
+
+
+def commit(folder: Path, final: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Write the manifest into a fully written folder and rename it to its final name.
+
+    `fields` are the caller's facts (step, world size, ...). Every file in the
+    folder is listed with its size and checksum: shards from their ranks'
+    sidecars, the rest (DCP's .metadata) digested here.
+    """
+    files: dict[str, Any] = {}
+    for path in sorted(folder.iterdir()):
+        if path.name.endswith(SUM_SUFFIX):
+            continue
+        sidecar = folder / (path.name + SUM_SUFFIX)
+        files[path.name] = json.loads(sidecar.read_text()) if sidecar.exists() else file_digest(path)
+    for sidecar in folder.glob("*" + SUM_SUFFIX):
+        sidecar.unlink()
+    manifest = {"format": MANIFEST_FORMAT, **fields, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
+    write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    if final.exists():  # a half-finished earlier commit of the same step cannot exist; a stale copy can
+        shutil.rmtree(final)
+    os.rename(folder, final)
+    fsync_dir(final.parent)
+    return manifest
+
+
+class ManifestError(ValueError):
+    """A checkpoint folder whose manifest is missing, unreadable or disagrees with its files."""
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    path = folder / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ManifestError(f"{folder}: no {MANIFEST} (not committed)") from None
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{folder}: unreadable {MANIFEST}: {exc}") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or "step" not in manifest:
+        raise ManifestError(f"{folder}: {MANIFEST} lacks 'step' or 'files'")
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"{folder}: {MANIFEST} format {manifest.get('format')!r}, expected {MANIFEST_FORMAT}")
+    return manifest
+
+
+def verify_files(folder: Path, files: dict[str, Any], names: Iterable[str]) -> list[str]:
+    """Problems with the named files against their manifest entries; [] when all match."""
+    problems = []
+    for name in names:
+        want = files[name]
+        path = folder / name
+        try:
+            size = path.stat().st_size
+            if size != want["size"]:
+                kind = "truncated" if size < want["size"] else "grown"
+                problems.append(f"{name}: {size} bytes, manifest says {want['size']} ({kind})")
+                continue
+            got = file_digest(path)
+        except OSError as exc:
+            problems.append(f"{name}: {exc.strerror or exc}")
+            continue
+        if got["crc32"] != want["crc32"]:
+            problems.append(f"{name}: checksum {got['crc32']}, manifest says {want['crc32']} (corrupted)")
+    return problems
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A committed-looking folder, newest first when listed; `error` says why it is unusable."""
+
+    step: int
+    path: Path
+    manifest: dict[str, Any] | None
+    error: str | None = None
+
+
+def list_checkpoints(root: Path) -> list[Candidate]:
+    """Folders named step-XXXXXXXX in root, newest first, with their parsed manifests."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _STEP_DIR.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        try:
+            found.append(Candidate(int(match.group(1)), path, read_manifest(path)))
+        except ManifestError as exc:
+            found.append(Candidate(int(match.group(1)), path, None, str(exc)))
+    return sorted(found, key=lambda c: c.step, reverse=True)
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The newest committed checkpoint in root (manifest present; shards not verified)."""
+    for candidate in list_checkpoints(Path(root)):
+        if candidate.manifest is not None:
+            return candidate.path
+    return None
+
+
+def _delete(path: Path) -> None:
+    # Rename first: a crash mid-delete leaves a .deleting folder, never a committed-looking torso.
+    doomed = path.with_name(path.name + DELETING_SUFFIX)
+    os.rename(path, doomed)
+    shutil.rmtree(doomed)
+
+
+def remove_stale(root: Path) -> None:
+    """Delete leftovers of saves and deletions that never finished (only while no save is in flight)."""
+    if not root.is_dir():
+        return
+    for path in root.glob("step-*" + TMP_SUFFIX):
+        log.warning("removing uncommitted checkpoint %s (its save was interrupted)", path)
+        shutil.rmtree(path, ignore_errors=True)
+    for path in root.glob("step-*" + DELETING_SUFFIX):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def quarantine(path: Path) -> Path:
+    """Move a corrupt checkpoint out of the way, keeping it for inspection."""
+    target = path.with_name(path.name + CORRUPT_SUFFIX)
+    if target.exists():
+        shutil.rmtree(target)
+    os.rename(path, target)
+    fsync_dir(path.parent)
+    return target
+
+
+def apply_retention(root: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest keep_last committed checkpoints; returns what was deleted.
+
+    Folders being written (.tmp) are not committed and never counted or touched.
+    """
+    committed = [c.path for c in list_checkpoints(root) if c.manifest is not None]
+    doomed = committed[keep_last:]
+    for path in doomed:
+        _delete(path)
+    return doomed

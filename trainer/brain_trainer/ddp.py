@@ -1,0 +1,111 @@
+"""Data parallelism with DistributedDataParallel: every rank holds the whole model."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .config import DistributedConfig
+
+log = logging.getLogger(__name__)
+
+
+def local_device() -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is available, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def ensure_process_group(config: DistributedConfig, rank: int, world_size: int) -> bool:
+    """Join the default process group (env:// rendezvous); reuse one that exists.
+
+    Returns True when this call created the group, so the caller knows it owns it.
+    """
+    if dist.is_initialized():
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+            raise ValueError(
+                f"setup(rank={rank}, world_size={world_size}) disagrees with the existing process group "
+                f"(rank {dist.get_rank()} of {dist.get_world_size()})"
+            )
+        return False
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank: must be in [0, world_size={world_size}), got {rank}")
+    backend = config.resolved_backend(torch.cuda.is_available())
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
+    return True
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+class ProcessGroupUser:
+    """Joins the default process group in setup; cleanup destroys it only if this object created it."""
+
+    def __init__(self, config: DistributedConfig):
+        self.config = config
+        self._owns_group = False
+
+    def join_process_group(self, rank: int, world_size: int) -> None:
+        self._owns_group = ensure_process_group(self.config, rank, world_size) or self._owns_group
+
+    def cleanup(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False
+
+
+class DDPWrapper(ProcessGroupUser):
+    """Places the model on this rank's device and wraps it in DDP."""
+
+    def __init__(self, model: nn.Module, config: DistributedConfig):
+        super().__init__(config)
+        self.model = model
+        self.wrapped: Optional[DistributedDataParallel] = None
+
+    def setup(self, rank: int, world_size: int) -> nn.Module:
+        self.join_process_group(rank, world_size)
+        device = local_device()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        model = self.model.to(device)
+        if self.config.sync_batchnorm and has_batchnorm(model):
+            if device.type == "cpu":
+                # SyncBatchNorm runs only on accelerators; on CPU each rank keeps its own statistics.
+                log.warning("sync_batchnorm ignored on CPU: BatchNorm statistics stay per rank")
+            else:
+                model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.wrapped = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=self.config.find_unused_parameters,
+        )
+        return self.wrapped
+
+    def all_reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        return all_reduce_mean(metrics)
+
+
+def all_reduce_mean(metrics: dict[str, float]) -> dict[str, float]:
+    """The mean of each metric over all ranks, in one float64 all-reduce.
+
+    Every rank must pass the same keys; they are sent in sorted order so the
+    packing agrees across ranks whatever order each rank built its dict in.
+    """
+    if not dist.is_initialized():  # a single process is its own mean
+        return {key: float(value) for key, value in metrics.items()}
+    if not metrics:
+        return {}
+    keys = sorted(metrics)
+    device = torch.device("cpu") if dist.get_backend() == "gloo" else local_device()
+    packed = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+    packed /= dist.get_world_size()
+    return dict(zip(keys, packed.tolist()))

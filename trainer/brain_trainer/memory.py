@@ -1,0 +1,362 @@
+"""The memory planner: bytes per rank for a BrainAI model, and the cheapest strategy that fits.
+
+Torch-free (the operator calls it). All sizes are per rank, in bytes, and
+are estimates: they follow the ZeRO accounting (Rajbhandari et al., 2020) for
+model states and count the tensors BrainAI's blocks save for backward.
+
+Model states, with P parameters and N ranks sharing a shard:
+
+    bytes per parameter      fp32   bf16 / fp16
+    parameters                  4            2
+    gradients                   4            2
+    optimizer (AdamW)           8           12   (two fp32 moments, + fp32 master weights)
+
+    strategy                        parameters         gradients        optimizer
+    single, ddp, fsdp no_shard      P                  P                P
+    fsdp shard_grad_op (ZeRO-2)     P                  P / N            P / N
+    fsdp full_shard    (ZeRO-3)     P / N + 2 U        P / N + U        P / N
+    fsdp hybrid_shard               as full_shard, with N = ranks per node
+
+U is the largest FSDP wrap unit: full_shard gathers the running unit and
+prefetches the next, and holds one unit's unsharded gradients until they are
+reduce-scattered. With CPU offload the sharded parameters, gradients and
+optimizer state live in host memory (`host`), the device keeps only the
+gathered units (planned for full_shard and hybrid_shard).
+
+Activations (see `activation_bytes`), and a fixed `overhead` for the CUDA
+context, communication buffers and allocator slack, complete the total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from .config import FSDP_SHARDING, PRECISIONS, DistributedConfig, TrainerConfig
+from .presets import STACKS, BrainAIConfig, preset_config, wrap_unit_params
+from .schema import ConfigError, FieldError
+
+GIB = 1024**3
+RUNTIME_OVERHEAD_BYTES = 1 * GIB
+PLAN_STRATEGIES = ("single", "ddp", "fsdp")
+OFFLOAD_SHARDING = ("full_shard", "hybrid_shard")
+
+PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+ADAM_MOMENT_BYTES = 8  # exp_avg and exp_avg_sq in fp32
+MASTER_WEIGHT_BYTES = 4  # fp32 copy kept by the optimizer when parameters are 16-bit
+LOGIT_BYTES = 4  # logits and log-probabilities are float32 for the loss
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The distributed settings a plan assumes."""
+
+    strategy: str
+    fsdp_sharding: str = "full_shard"
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+
+    def __str__(self) -> str:
+        words = [self.strategy] + ([self.fsdp_sharding] if self.strategy == "fsdp" else [])
+        text = " ".join(words)
+        if self.activation_checkpointing:
+            text += " + activation checkpointing"
+        if self.cpu_offload:
+            text += " + CPU offload"
+        return text
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per rank for one model under one choice of strategy."""
+
+    choice: StrategyChoice
+    world_size: int
+    shard_size: int  # ranks that share one copy of the sharded states (1: replicated)
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    overhead: int
+    host: int  # bytes per rank kept in CPU memory (CPU offload)
+
+    @property
+    def total(self) -> int:
+        """Device bytes per rank."""
+        return self.parameters + self.gradients + self.optimizer_state + self.activations + self.overhead
+
+    def fits(self, device_memory_bytes: int) -> bool:
+        return self.total <= device_memory_bytes
+
+    def summary(self) -> str:
+        """One line per term, in GiB."""
+        rows = [
+            ("parameters", self.parameters),
+            ("gradients", self.gradients),
+            ("optimizer state", self.optimizer_state),
+            ("activations", self.activations),
+            ("overhead", self.overhead),
+            ("total", self.total),
+        ]
+        if self.host:
+            rows.append(("host (offloaded)", self.host))
+        lines = [f"{self.choice} on {self.world_size} rank(s), per rank:"]
+        lines += [f"  {name:<17}{size / GIB:9.2f} GiB" for name, size in rows]
+        return "\n".join(lines)
+
+
+class InsufficientMemoryError(ConfigError):
+    """No strategy fits; `plan` is the smallest one tried and `missing_bytes` what it lacks per rank."""
+
+    def __init__(self, plan: MemoryPlan, device_memory_bytes: int, model_name: str):
+        self.plan = plan
+        self.missing_bytes = plan.total - device_memory_bytes
+        super().__init__(
+            [
+                FieldError(
+                    "distributed.strategy",
+                    f"auto: {model_name} does not fit in {device_memory_bytes / GIB:.1f} GiB per rank on "
+                    f"{plan.world_size} rank(s); the smallest option, {plan.choice}, needs "
+                    f"{plan.total / GIB:.1f} GiB per rank: {self.missing_bytes / GIB:.1f} GiB per rank missing "
+                    f"(add ranks, or lower training.micro_batch_size or training.seq_len)",
+                )
+            ]
+        )
+
+
+def _model_config(model: BrainAIConfig | str) -> BrainAIConfig:
+    return preset_config(model) if isinstance(model, str) else model
+
+
+def _model_name(model: BrainAIConfig | str) -> str:
+    return f"preset {model!r}" if isinstance(model, str) else "the model"
+
+
+def activation_units(cfg: BrainAIConfig, checkpointing: bool) -> float:
+    """Saved activations per token, in units of d_model elements.
+
+    Counted from what each block keeps for backward (a test measures them
+    with saved-tensor hooks on the real model):
+
+        encoders 1, meta 4, heads 3, and per block
+        snn_core 4 + 3 * snn_steps    htm 20    workspace 5
+        reasoning 10 + 4 * ffn_hidden / d_model    decision 3 + 4 * ffn_hidden / d_model
+
+    Attention is flash-style (scaled_dot_product_attention), so nothing grows
+    with seq_len squared. With checkpointing every stack block keeps only its
+    input (1 unit) and one block at a time is recomputed in full.
+    """
+    mlp = 4 * cfg.ffn_hidden / cfg.d_model
+    per_block = {
+        "snn_core": 4 + 3 * cfg.snn_steps,
+        "htm": 20,
+        "workspace": 5,
+        "reasoning": 10 + mlp,
+        "decision": 3 + mlp,
+    }
+    unwrapped = 1 + 4 + 3  # encoders, meta, heads
+    blocks = {name: getattr(cfg, attr) for name, attr in STACKS.items()}
+    if checkpointing:
+        return unwrapped + sum(blocks.values()) + max(per_block.values())
+    return unwrapped + sum(per_block[name] * n for name, n in blocks.items())
+
+
+def activation_bytes(
+    cfg: BrainAIConfig, precision: str, micro_batch_size: int, seq_len: int, checkpointing: bool
+) -> int:
+    """micro_batch * seq_len * (activation_units * d_model * element bytes + 2 * vocab * 4).
+
+    The second term is the float32 logits and log-probabilities of the loss.
+    """
+    tokens = micro_batch_size * seq_len
+    per_token = activation_units(cfg, checkpointing) * cfg.d_model * PARAM_BYTES[precision]
+    return int(tokens * (per_token + 2 * cfg.vocab_size * LOGIT_BYTES))
+
+
+def _check_inputs(
+    strategy: str,
+    fsdp_sharding: str,
+    precision: str,
+    micro_batch_size: int,
+    seq_len: int,
+    world_size: int,
+    cpu_offload: bool,
+    node_size: Optional[int],
+) -> None:
+    errors = []
+    if strategy not in PLAN_STRATEGIES:
+        errors.append(FieldError("distributed.strategy", f"must be one of {', '.join(PLAN_STRATEGIES)}; got {strategy!r}"))
+    if fsdp_sharding not in FSDP_SHARDING:
+        errors.append(FieldError("distributed.fsdp_sharding", f"must be one of {', '.join(FSDP_SHARDING)}; got {fsdp_sharding!r}"))
+    if precision not in PRECISIONS:
+        errors.append(FieldError("distributed.mixed_precision_policy", f"must be one of {', '.join(PRECISIONS)}; got {precision!r}"))
+    for path, value in (("training.micro_batch_size", micro_batch_size), ("training.seq_len", seq_len), ("world_size", world_size)):
+        if value < 1:
+            errors.append(FieldError(path, f"must be >= 1, got {value}"))
+    if strategy == "single" and world_size != 1:
+        errors.append(FieldError("distributed.strategy", f"single needs world size 1, got {world_size}"))
+    if cpu_offload and (strategy != "fsdp" or fsdp_sharding not in OFFLOAD_SHARDING):
+        errors.append(
+            FieldError("distributed.cpu_offload", f"is planned for fsdp {' or '.join(OFFLOAD_SHARDING)} only, got {strategy} {fsdp_sharding}")
+        )
+    if strategy == "fsdp" and fsdp_sharding == "hybrid_shard":
+        if node_size is None or node_size < 1 or world_size % node_size:
+            errors.append(
+                FieldError("node_size", f"hybrid_shard needs ranks per node dividing world size {world_size}, got {node_size}")
+            )
+    if errors:
+        raise ConfigError(errors)
+
+
+def plan_memory(
+    model: BrainAIConfig | str,
+    strategy: str,
+    *,
+    fsdp_sharding: str = "full_shard",
+    precision: str = "fp32",
+    micro_batch_size: int = 1,
+    seq_len: Optional[int] = None,
+    world_size: int = 1,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+    node_size: Optional[int] = None,
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
+) -> MemoryPlan:
+    """Bytes per rank for `model` (a BrainAIConfig or a preset name) trained with AdamW.
+
+    See the module docstring for the formulas. seq_len defaults to the
+    model's max_seq_len; node_size (ranks per node) is needed for
+    hybrid_shard only. Bad inputs raise ConfigError naming the field.
+    """
+    cfg = _model_config(model)
+    seq_len = cfg.max_seq_len if seq_len is None else seq_len
+    _check_inputs(strategy, fsdp_sharding, precision, micro_batch_size, seq_len, world_size, cpu_offload, node_size)
+
+    n_params = sum(wrap_unit_params(cfg))
+    unit = max(wrap_unit_params(cfg))
+    param_b = PARAM_BYTES[precision]
+    optim_b = ADAM_MOMENT_BYTES + (MASTER_WEIGHT_BYTES if param_b < 4 else 0)
+
+    sharding = fsdp_sharding if strategy == "fsdp" else "no_shard"
+    shard = {"no_shard": 1, "shard_grad_op": world_size, "full_shard": world_size, "hybrid_shard": node_size}[sharding]
+    # the sharded (or replicated) states, then the unsharded working copies on top
+    params = n_params * param_b if sharding == "shard_grad_op" else n_params * param_b // shard
+    grads = n_params * param_b // shard
+    optim = n_params * optim_b // shard
+    gathered_params = gathered_grads = 0
+    if sharding in ("full_shard", "hybrid_shard"):
+        gathered_params, gathered_grads = 2 * unit * param_b, unit * param_b
+    host = 0
+    if cpu_offload:
+        host, params, grads, optim = params + grads + optim, 0, 0, 0
+
+    return MemoryPlan(
+        choice=StrategyChoice(strategy, fsdp_sharding, activation_checkpointing, cpu_offload),
+        world_size=world_size,
+        shard_size=shard,
+        parameters=params + gathered_params,
+        gradients=grads + gathered_grads,
+        optimizer_state=optim,
+        activations=activation_bytes(cfg, precision, micro_batch_size, seq_len, activation_checkpointing),
+        overhead=overhead_bytes,
+        host=host,
+    )
+
+
+def strategy_ladder(world_size: int, activation_checkpointing: bool = False, cpu_offload: bool = False) -> list[StrategyChoice]:
+    """The options `choose_strategy` tries, cheapest (least communication and recompute) first.
+
+    Flags already requested by the user stay on in every option; options
+    that cannot honour a requested CPU offload are left out.
+    """
+    ladder = [
+        StrategyChoice("single" if world_size == 1 else "ddp"),
+        StrategyChoice("fsdp", "shard_grad_op"),
+        StrategyChoice("fsdp", "full_shard"),
+        StrategyChoice("fsdp", "full_shard", activation_checkpointing=True),
+        StrategyChoice("fsdp", "full_shard", activation_checkpointing=True, cpu_offload=True),
+    ]
+    out: list[StrategyChoice] = []
+    for option in ladder:
+        if cpu_offload and (option.strategy, option.fsdp_sharding) != ("fsdp", "full_shard"):
+            continue
+        option = replace(
+            option,
+            activation_checkpointing=option.activation_checkpointing or activation_checkpointing,
+            cpu_offload=option.cpu_offload or cpu_offload,
+        )
+        if option not in out:
+            out.append(option)
+    return out
+
+
+def choose_strategy(
+    model: BrainAIConfig | str,
+    *,
+    world_size: int,
+    device_memory_bytes: int,
+    precision: str = "fp32",
+    micro_batch_size: int = 1,
+    seq_len: Optional[int] = None,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
+) -> tuple[StrategyChoice, MemoryPlan]:
+    """The first option of `strategy_ladder` whose plan fits in device_memory_bytes per rank.
+
+    Raises InsufficientMemoryError (a ConfigError) saying how many GiB per
+    rank the last, smallest option lacks.
+    """
+    plan = None
+    for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload):
+        plan = plan_memory(
+            model,
+            option.strategy,
+            fsdp_sharding=option.fsdp_sharding,
+            precision=precision,
+            micro_batch_size=micro_batch_size,
+            seq_len=seq_len,
+            world_size=world_size,
+            activation_checkpointing=option.activation_checkpointing,
+            cpu_offload=option.cpu_offload,
+            overhead_bytes=overhead_bytes,
+        )
+        if plan.fits(device_memory_bytes):
+            return option, plan
+    assert plan is not None  # the ladder is never empty
+    raise InsufficientMemoryError(plan, device_memory_bytes, _model_name(model))
+
+
+def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes: Optional[int]) -> DistributedConfig:
+    """cfg.distributed with `strategy: auto` made concrete; other strategies come back unchanged.
+
+    auto: one rank -> single; unknown device memory (CPU) or a user
+    entrypoint (whose size the planner cannot know without torch) -> ddp;
+    otherwise the planner's cheapest fit for the preset, with
+    training.micro_batch_size, training.seq_len and
+    distributed.mixed_precision_policy.
+    """
+    dist = cfg.distributed
+    if dist.strategy != "auto":
+        return dist
+    if world_size == 1:
+        return replace(dist, strategy="single")
+    if device_memory_bytes is None or cfg.model.entrypoint:
+        return replace(dist, strategy="ddp")
+    choice, _ = choose_strategy(
+        cfg.model.preset,
+        world_size=world_size,
+        device_memory_bytes=device_memory_bytes,
+        precision=dist.mixed_precision_policy,
+        micro_batch_size=cfg.training.micro_batch_size,
+        seq_len=cfg.training.seq_len,
+        activation_checkpointing=dist.activation_checkpointing,
+        cpu_offload=dist.cpu_offload,
+    )
+    return replace(
+        dist,
+        strategy=choice.strategy,
+        fsdp_sharding=choice.fsdp_sharding if choice.strategy == "fsdp" else dist.fsdp_sharding,
+        activation_checkpointing=choice.activation_checkpointing,
+        cpu_offload=choice.cpu_offload,
+    )

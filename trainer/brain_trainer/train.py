@@ -1,0 +1,250 @@
+"""The training loop: `train(cfg)` under torchrun, SLURM, a hand-set environment, or alone.
+
+launcher -> process group -> strategy -> model -> wrapper -> optimizer and
+schedule -> checkpoint restore -> rank-aware data -> loop -> final save.
+
+The loop keeps the running loss on the device and synchronises with the host
+only at logging steps (every `training.log_interval` steps), where rank 0
+logs, writes the progress document and publishes metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.amp import GradScaler
+from torch.optim.lr_scheduler import LambdaLR
+
+from .accumulation import GradientAccumulator
+from .checkpoint import CheckpointManager, TrainState
+from .config import DistributedConfig, TrainerConfig
+from .data import RankAwareDataLoader, build_dataset
+from .ddp import DDPWrapper, all_reduce_mean, ensure_process_group, local_device
+from .fsdp import FSDPWrapper
+from .launcher import DistributedLauncher
+from .memory import resolve_distributed
+from .metrics import start_metrics_server
+from .model import build_model
+from .progress import PROGRESS_FILE_ENV, Progress, eta_seconds, utc_timestamp, write_progress
+from .schedule import WarmupCosine, peak_learning_rate
+from .schema import ConfigError, FieldError
+
+log = logging.getLogger(__name__)
+
+ADAMW_BETAS = (0.9, 0.95)
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class TrainResult:
+    step: int  # optimizer steps completed, counting those before a resume
+    loss: float  # loss of the last logged step, averaged over ranks (NaN if nothing ran)
+    tokens_per_second: float  # over all ranks, for the steps this process ran
+    wall_seconds: float  # the loop's wall time in this process
+    history: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) at each logging step
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy, computed in fp32 whatever the autocast dtype."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices and embeddings (>= 2-D) only, never on biases and norm gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+
+
+def device_memory_bytes(device: torch.device) -> Optional[int]:
+    """Accelerator memory for the planner; None on CPU, where host memory is shared and unknown."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return None
+
+
+def resolve_strategy(cfg: TrainerConfig, world_size: int, device: torch.device) -> DistributedConfig:
+    """The distributed settings with `strategy: auto` replaced by the planner's choice."""
+    resolved = resolve_distributed(cfg, world_size, device_memory_bytes(device))
+    if resolved.strategy == "single" and world_size > 1:
+        raise ConfigError(
+            [FieldError("distributed.strategy", f"single trains one process, but the world size is {world_size}; use ddp or fsdp")]
+        )
+    return resolved
+
+
+def wrap_model(model: nn.Module, dist_cfg: DistributedConfig, rank: int, world_size: int, device: torch.device) -> nn.Module:
+    if dist_cfg.strategy == "ddp":
+        return DDPWrapper(model, dist_cfg).setup(rank, world_size)
+    if dist_cfg.strategy == "fsdp":
+        return FSDPWrapper(model, dist_cfg).setup(rank, world_size)
+    return model.to(device)
+
+
+def autocast_context(policy: str, device: torch.device) -> contextlib.AbstractContextManager:
+    dtype = AUTOCAST_DTYPES.get(policy)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class Reporter:
+    """Rank 0's outputs at logging steps: the log line, the progress document, the metrics endpoint."""
+
+    def __init__(self, cfg: TrainerConfig, rank: int):
+        self.active = rank == 0
+        self.total_steps = cfg.training.steps
+        self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
+        self.metrics = start_metrics_server(cfg.metrics.port) if self.active else None
+
+    def report(self, step: int, loss: float, tokens_per_second: float, step_time: float, lr: float,
+               last_checkpoint_step: Optional[int]) -> None:
+        if not self.active:
+            return
+        log.info(
+            "step %d/%d loss %.4f tokens/s %.0f step_time %.3fs lr %.3e",
+            step, self.total_steps, loss, tokens_per_second, step_time, lr,
+        )
+        progress = Progress(
+            step=step,
+            total_steps=self.total_steps,
+            loss=loss,
+            tokens_per_second=tokens_per_second,
+            eta_seconds=eta_seconds(step, self.total_steps, step_time),
+            last_checkpoint_step=last_checkpoint_step,
+            updated_at=utc_timestamp(),
+        )
+        if self.progress_path:
+            write_progress(self.progress_path, progress)
+        if self.metrics is not None:
+            self.metrics.publish(progress.as_dict(), step_time=step_time, learning_rate=lr)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+def train(cfg: TrainerConfig) -> TrainResult:
+    """Train as configured; returns on every rank once the last step is saved."""
+    # Build the dataset first: a bad data.path fails before any rendezvous.
+    dataset = build_dataset(cfg.data, cfg.training.seq_len, cfg.training.seed)
+    launcher = DistributedLauncher(cfg.distributed)
+    os.environ.update(launcher.torch_environment())
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = local_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    owns_group = ensure_process_group(cfg.distributed, rank, world_size)
+    reporter = Reporter(cfg, rank)
+    try:
+        return _run(cfg, dataset, rank, world_size, device, reporter)
+    finally:
+        reporter.close()
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def _run(cfg: TrainerConfig, dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter) -> TrainResult:
+    training = cfg.training
+    dist_cfg = resolve_strategy(cfg, world_size, device)
+    accumulation = cfg.accumulation_steps(world_size)
+    global_batch = cfg.effective_batch_size(world_size)
+    tokens_per_step = global_batch * training.seq_len
+
+    torch.manual_seed(training.seed)  # identical initial weights on every rank
+    model = wrap_model(build_model(cfg.model), dist_cfg, rank, world_size, device)
+    forward = torch.compile(model) if training.compile and device.type == "cuda" else model
+
+    optimizer = torch.optim.AdamW(
+        param_groups(model, training.weight_decay),
+        lr=peak_learning_rate(training, global_batch),
+        betas=ADAMW_BETAS,
+        fused=device.type == "cuda" or None,
+    )
+    scheduler = LambdaLR(optimizer, WarmupCosine.from_config(training))
+    fp16_cuda = dist_cfg.mixed_precision_policy == "fp16" and device.type == "cuda"
+    scaler = GradScaler("cuda") if fp16_cuda else None
+    acc = GradientAccumulator(accumulation, scaler, model=model, max_grad_norm=training.grad_clip)
+
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
+    ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash())
+    ckpt.restore(state)
+
+    loader = RankAwareDataLoader(
+        dataset,
+        dist_cfg,
+        micro_batch_size=training.micro_batch_size,
+        rank=rank,
+        world_size=world_size,
+        seed=training.seed,
+        start_index=state.sample_index,
+        num_workers=cfg.data.num_workers,
+    )
+    batches = iter(loader)
+    if rank == 0:
+        log.info(
+            "training %s with %s on %d rank(s), %s: micro-batch %d x %d accumulation x %d ranks = %d sequences/step, from step %d",
+            cfg.model.entrypoint or cfg.model.preset, dist_cfg.strategy, world_size, device.type,
+            training.micro_batch_size, accumulation, world_size, global_batch, state.step,
+        )
+
+    model.train()
+    running_loss = torch.zeros((), device=device)  # summed on device: no host sync between logging steps
+    micro_losses = 0
+    history: list[tuple[int, float]] = []
+    first_step = last_log_step = state.step
+    start = last_log_time = time.perf_counter()
+    micro_idx = 0
+    while state.step < training.steps:
+        x, y = next(batches)
+        x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
+        with acc.sync_context(micro_idx):
+            with autocast_context(dist_cfg.mixed_precision_policy, device):
+                loss = loss_fn(forward(x), y)
+            stepped = acc.step(loss, optimizer, micro_idx)
+        running_loss += loss.detach()
+        micro_losses += 1
+        micro_idx += 1
+        if not stepped:
+            continue
+        micro_idx = 0
+        scheduler.step()
+        state.step += 1
+        state.sample_index += global_batch
+        ckpt.after_step(state)
+        if state.step % training.log_interval and state.step != training.steps:
+            continue
+        mean_loss = all_reduce_mean({"loss": running_loss.item() / micro_losses})["loss"]
+        now = time.perf_counter()
+        steps = state.step - last_log_step
+        step_time = (now - last_log_time) / steps
+        reporter.report(
+            state.step, mean_loss, tokens_per_step / step_time, step_time,
+            scheduler.get_last_lr()[0], ckpt.last_committed[0] if ckpt.last_committed else None,
+        )
+        history.append((state.step, mean_loss))
+        running_loss.zero_()
+        micro_losses = 0
+        last_log_step, last_log_time = state.step, now
+    loop_seconds = time.perf_counter() - start
+    ckpt.finish(state)
+    steps_run = state.step - first_step
+    return TrainResult(
+        step=state.step,
+        loss=history[-1][1] if history else float("nan"),
+        tokens_per_second=steps_run * tokens_per_step / loop_seconds if steps_run else 0.0,
+        wall_seconds=loop_seconds,
+        history=history,
+    )
