@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
-# Two images from one file:
-#   docker build --target trainer  -t brain-train-trainer  .   (CPU torch by default)
-#   docker build --target operator -t brain-train-operator .   (kopf operator, no torch)
+# Two images from one file (`make images` builds both; BuildKit required):
+#   docker build --target trainer  -t brain-train/trainer:dev  .   (CPU torch by default)
+#   docker build --target operator -t brain-train/operator:dev .   (kopf operator, no torch)
 # CUDA trainer: --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 #               --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 

@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[trainer,dev]'
 	touch $(STAMP)
 
+# Trains deploy/examples/local-minimal.yaml on this machine: two local worker pods, CPU, gloo.
+demo: setup
+	$(VENV)/bin/braintrain run deploy/examples/local-minimal.yaml
+
 test: setup
 	$(PY) -m pytest -q
 

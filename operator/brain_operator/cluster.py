@@ -8,17 +8,26 @@ Tests use an in-memory implementation of the same protocol.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Mapping, Optional, Protocol
 
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
+
+from .events import Event
 
 from .render.common import JOB_NAME_LABEL
 from .spec import API_VERSION, KIND
 
 MERGE_PATCH = "application/merge-patch+json"
+COMPONENT = "brain-operator"
+# The API server refuses longer event messages.
+EVENT_MESSAGE_LIMIT = 1024
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, order=True)
@@ -52,6 +61,9 @@ class ClusterClient(Protocol):
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """JSON merge patch of a BrainTrainingJob's status subresource (None removes a key)."""
+
+    def post_event(self, job: Mapping[str, Any], event: Event) -> None:
+        """Record a Kubernetes Event on the job; best effort, never fails the reconcile."""
 
 
 class KubernetesClient:
@@ -104,3 +116,28 @@ class KubernetesClient:
         self._resource(API_VERSION, KIND).status.patch(
             body={"status": dict(patch)}, name=name, namespace=namespace, content_type=MERGE_PATCH
         )
+
+    def post_event(self, job: Mapping[str, Any], event: Event) -> None:
+        meta = job["metadata"]
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"],
+                "namespace": meta["namespace"], "uid": meta.get("uid", ""),
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:EVENT_MESSAGE_LIMIT],
+            "source": {"component": COMPONENT},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._resource("v1", "Event").create(body=body, namespace=meta["namespace"])
+        except DynamicApiError as err:
+            # Events are commentary: losing one must not stop the job's reconcile.
+            log.warning("could not post event %s on %s/%s: %s", event.reason, meta["namespace"], meta["name"], err)

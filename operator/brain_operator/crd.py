@@ -18,11 +18,28 @@ import yaml
 
 from brain_trainer.schema import key_for, openapi_schema, setting
 
-from .spec import API_SERVER_RULES, GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION, JobSpec
+from .render.common import CONFIG_DIR, CONFIG_PATH
+from .render.elastic import RDZV_PORT
+from .spec import (
+    API_SERVER_RULES,
+    DNS_LABEL_MAX,
+    GROUP,
+    KIND,
+    PLURAL,
+    RESERVED_ENV_KEYS,
+    RESERVED_ENV_PREFIXES,
+    SHORT_NAME,
+    SINGULAR,
+    VERSION,
+    JobSpec,
+    OperatorDefaults,
+)
 from .status import CONDITION_TYPES, PHASES
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "deploy" / "crd" / "braintrainingjob.yaml"
+# Helm installs CRDs only from the chart's own crds/ folder: the same bytes.
+CHART_CRD_PATH = ROOT / "charts" / "brain-operator" / "crds" / "braintrainingjob.yaml"
 DOCS_PATH = ROOT / "docs" / "crd.md"
 
 
@@ -194,13 +211,23 @@ def _type_name(tp: Any) -> str:
     return {int: "integer", float: "number", str: "string", bool: "boolean"}.get(tp, str(tp))
 
 
+def _yaml_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_text(v) for v in value) + "]"
+    return str(value)
+
+
 def _default_text(f: dataclasses.Field) -> str:
+    """A plain default as YAML would show it; nothing for None, empty containers and nested objects."""
     if f.default is not MISSING:
-        return "" if f.default is None else f"`{yaml.safe_dump(f.default, default_flow_style=True).strip().removesuffix('...').strip()}`"
-    if f.default_factory is not MISSING and not dataclasses.is_dataclass(f.default_factory):
+        value = f.default
+    elif f.default_factory is not MISSING and not dataclasses.is_dataclass(f.default_factory):
         value = f.default_factory()
-        return f"`{yaml.safe_dump(value, default_flow_style=True).strip()}`" if value else ""
-    return ""
+    else:
+        return ""
+    return "" if value is None or value in ([], {}) else f"`{_yaml_text(value)}`"
 
 
 def _constraints(f: dataclasses.Field) -> str:
@@ -230,6 +257,29 @@ def _rows(cls: type, prefix: str) -> list[str]:
     return rows
 
 
+_RENDERING = f"""## What a job becomes
+
+For a job `J`, the `elastic` backend (default) creates a headless Service `J-workers`, a ConfigMap
+`J-config` holding the resolved `trainer.yaml` (mounted read-only at `{CONFIG_DIR}`), a PVC
+`J-checkpoints` when `checkpoint.volumeClaimTemplate` is set, and pods `J-worker-0..nodes-1` running
+`torchrun -m brain_trainer --config {CONFIG_PATH}` with c10d rendezvous on `J-worker-0.J-workers:{RDZV_PORT}`.
+The `pytorchjob` backend creates the ConfigMap, the PVC and a Kubeflow `kubeflow.org/v1` PyTorchJob instead:
+Master + Worker for a fixed size, Workers with an `elasticPolicy` when `elastic.minNodes < elastic.maxNodes`.
+
+Rules across fields: `nodes` lies within `elastic.minNodes..maxNodes` (an unset bound is `nodes`; the API
+server enforces this too, so `kubectl scale btj/J --replicas=N` stays in range); `claimName` and
+`volumeClaimTemplate` exclude each other, and without either, checkpoints are pod-local scratch that does not
+survive a replaced pod; a job that may run on more than one node needs a `ReadWriteMany` template, because
+every rank writes its own shard; `globalBatchSize` must divide evenly at every node count in the range;
+`nccl.env` may not set {", ".join(RESERVED_ENV_KEYS)} or any `{"*`, `".join(RESERVED_ENV_PREFIXES)}*` variable;
+`J-worker-<maxNodes-1>` must fit a {DNS_LABEL_MAX}-character hostname.
+
+Operator-wide defaults for jobs that omit them come from the operator's environment (the Helm chart sets
+them): `{OperatorDefaults.ENV_IMAGE}` (image), `{OperatorDefaults.ENV_PULL_POLICY}` (imagePullPolicy) and
+`{OperatorDefaults.ENV_NCCL}` (a JSON object of extra NCCL variables; a job's own `nccl.env` keys win).
+"""
+
+
 def docs_markdown() -> str:
     """docs/crd.md: every spec and status field with its type, default, constraints and meaning."""
     head = "| field | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
@@ -240,6 +290,7 @@ def docs_markdown() -> str:
         "The API server checks types, enums and bounds from the CRD schema; `braintrain validate` and the "
         "operator also check the rules across fields (elastic range, reserved environment keys, name length, "
         "storage access modes, batch divisibility) and name the field in every error.\n\n"
+        f"{_RENDERING}\n"
         "## spec\n\n" + head + "\n".join(_rows(JobSpec, "spec.")) + "\n\n"
         "## status\n\nWritten by the operator.\n\n" + head + "\n".join(_rows(JobStatus, "status.")) + "\n"
     )
@@ -249,7 +300,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m brain_operator.crd", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed files are stale")
     args = parser.parse_args(argv)
-    outputs = {CRD_PATH: crd_yaml(), DOCS_PATH: docs_markdown()}
+    crd = crd_yaml()
+    outputs = {CRD_PATH: crd, CHART_CRD_PATH: crd, DOCS_PATH: docs_markdown()}
     if args.check:
         stale = [p for p, text in outputs.items() if not p.exists() or p.read_text() != text]
         for path in stale:

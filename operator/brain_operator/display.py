@@ -83,6 +83,7 @@ class RunSummary:
     step: Optional[int]
     total_steps: int
     loss: Optional[float]
+    first_loss: Optional[float]
     tokens_per_second: Optional[float]
     wall_seconds: float
     checkpoint: Optional[str]
@@ -91,16 +92,16 @@ class RunSummary:
 
 
 def summary_lines(s: RunSummary) -> list[str]:
-    lines = [
+    fell = f" (first logged: {_loss(s.first_loss)})" if s.first_loss is not None else ""
+    return [
         f"status:      {s.status}" + (f" ({s.message})" if s.message else ""),
         f"steps:       {'-' if s.step is None else s.step}/{s.total_steps}",
-        f"final loss:  {_loss(s.loss)}",
+        f"final loss:  {_loss(s.loss)}{fell}",
         f"tokens/s:    {_rate(s.tokens_per_second)}",
         f"wall time:   {format_duration(s.wall_seconds)}",
         f"restarts:    {s.restarts}",
         f"checkpoint:  {s.checkpoint or '-'}",
     ]
-    return lines
 
 
 class Display(Protocol):

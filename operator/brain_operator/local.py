@@ -23,15 +23,17 @@ import sysconfig
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TextIO
 
-from brain_trainer.checkpoint.store import Candidate, list_checkpoints
 from brain_trainer.exitcodes import PREEMPTED
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
 from .local_plan import LocalPlan, LocalRunError, localize_manifest, plan_local, process_env
 from .render import render_elastic
 from .spec import parse_job
+
+if TYPE_CHECKING:
+    from brain_trainer.checkpoint.store import Candidate
 
 __all__ = ["free_port", "newest_committed", "planner", "run_job"]
 
@@ -131,6 +133,8 @@ class _Runner:
         self.lines: Lines = queue.Queue()
         self.stop_signal: Optional[int] = None
         self.wake = threading.Event()
+        # The first loss this run saw, so the summary shows that it fell.
+        self.first_loss: Optional[float] = None
 
     def request_stop(self, signum: int, _frame: object = None) -> None:
         if self.stop_signal is not None:
@@ -141,7 +145,10 @@ class _Runner:
     def _refresh(self) -> None:
         while not self.lines.empty():
             self.display.log(*self.lines.get_nowait())
-        self.display.update(read_progress(self.plan.progress_file))
+        doc = read_progress(self.plan.progress_file)
+        if doc and self.first_loss is None:
+            self.first_loss = doc.get("loss")
+        self.display.update(doc)
 
     def _attempt(self, plan: LocalPlan) -> list[Optional[int]]:
         """Run one group until every agent exited, one failed, or a stop finished."""
@@ -187,8 +194,12 @@ class _Runner:
             plan = self.plan_for(free_port())
 
 
-def newest_committed(root: Path) -> Optional[Candidate]:
+def newest_committed(root: Path) -> Optional["Candidate"]:
     """The newest checkpoint with a manifest (what the trainer resumes from)."""
+    # Imported here: the brain_trainer.checkpoint package imports torch, which
+    # a bad manifest should not wait for.
+    from brain_trainer.checkpoint.store import list_checkpoints
+
     return next((c for c in list_checkpoints(root) if c.manifest is not None), None)
 
 
@@ -238,6 +249,7 @@ def run_job(
         step=last.step if status == "Succeeded" and last else doc.get("step"),
         total_steps=plan.total_steps,
         loss=doc.get("loss"),
+        first_loss=runner.first_loss,
         tokens_per_second=doc.get("tokens_per_second"),
         wall_seconds=time.monotonic() - started,
         checkpoint=str(last.path) if last else None,

@@ -19,7 +19,8 @@ from typing import Any, Mapping, Optional, Sequence
 from brain_trainer.schema import ConfigError
 
 from .cluster import ClusterClient, ObjectRef
-from .render import render
+from .events import Event, compute_events
+from .render import render, selector
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
 from .status import (
     BACKOFF_LIMIT_EXCEEDED,
@@ -48,10 +49,7 @@ class Plan:
     creates: tuple[dict, ...] = ()
     deletes: tuple[ObjectRef, ...] = ()
     patches: tuple[tuple[ObjectRef, dict], ...] = ()
-
-    @property
-    def writes(self) -> int:
-        return len(self.creates) + len(self.deletes) + len(self.patches) + bool(self.status_patch)
+    events: tuple[Event, ...] = ()
 
 
 def reconcile(
@@ -71,13 +69,12 @@ def reconcile(
             for child in client.list_children(api_version, kind, job.namespace, job.name)
         ]
         the_plan = plan(job, desired, children, previous, now)
-    meta = manifest.get("metadata") or {}
-    apply(the_plan, client, meta.get("namespace", ""), meta.get("name", ""))
+    apply(the_plan, client, manifest)
     return the_plan.status
 
 
-def apply(the_plan: Plan, client: ClusterClient, namespace: str, name: str) -> None:
-    """Make the planned writes: deletions first, so a replaced pod's name is free again."""
+def apply(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any]) -> None:
+    """Make the planned writes: deletions first, so a replaced pod's name is free again; events last."""
     for ref in the_plan.deletes:
         client.delete(ref)
     for obj in the_plan.creates:
@@ -85,7 +82,10 @@ def apply(the_plan: Plan, client: ClusterClient, namespace: str, name: str) -> N
     for ref, body in the_plan.patches:
         client.patch(ref, body)
     if the_plan.status_patch:
-        client.patch_status(namespace, name, the_plan.status_patch)
+        meta = manifest.get("metadata") or {}
+        client.patch_status(meta.get("namespace", ""), meta.get("name", ""), the_plan.status_patch)
+    for event in the_plan.events:
+        client.post_event(manifest, event)
 
 
 def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -101,7 +101,7 @@ def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime) -
     previous = manifest.get("status") or {}
     generation = int((manifest.get("metadata") or {}).get("generation") or 0)
     status = invalid_status(previous, generation, "; ".join(str(e) for e in err.errors), now)
-    return Plan(status=status, status_patch=status_patch(previous, status))
+    return Plan(status=status, status_patch=status_patch(previous, status), events=tuple(compute_events(previous, status, [])))
 
 
 def plan(
@@ -118,6 +118,17 @@ def plan(
     return _plan_elastic(job, desired, existing, previous, now)
 
 
+@dataclass
+class _PodPlan:
+    """What happens to an elastic job's worker pods in one pass."""
+
+    restarts: int
+    deletes: list[ObjectRef] = field(default_factory=list)
+    creates: list[dict] = field(default_factory=list)
+    replaced: int = 0
+    failure: Optional[Failure] = None
+
+
 def _plan_elastic(
     job: Job,
     desired: Sequence[Mapping[str, Any]],
@@ -126,64 +137,82 @@ def _plan_elastic(
     now: datetime,
 ) -> Plan:
     spec, policy = job.spec, job.spec.run_policy
-    wanted_pods = {ObjectRef.of(o): o for o in desired if (o["apiVersion"], o["kind"]) == POD}
+    wanted = {ObjectRef.of(o): o for o in desired if (o["apiVersion"], o["kind"]) == POD}
     pods = {ref: pod_view(obj) for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD}
     live = {ref: p for ref, p in pods.items() if not p.terminating}
     restarts = int(previous.get("restarts") or 0)
-    deletes: list[ObjectRef] = []
-    creates: list[dict] = []
-    replaced, failure = 0, None
     terminal = is_terminal(previous)
-
     if terminal:
         # Stop what still runs (a failed job's siblings); after the TTL, remove every pod.
         expired = _ttl_expired(previous, policy.ttl_seconds_after_finished, now)
-        deletes = [ref for ref, p in live.items() if expired or not p.finished]
+        pod_plan = _PodPlan(restarts, deletes=[ref for ref, p in live.items() if expired or not p.finished])
     elif policy.suspend:
-        deletes = list(live)
+        pod_plan = _PodPlan(restarts, deletes=list(live))
     else:
-        failure = _deadline_failure(previous, policy.active_deadline_seconds, now)
-        surplus = [ref for ref in live if ref not in wanted_pods]
-        failed = [ref for ref, p in live.items() if ref in wanted_pods and p.phase == "Failed"]
-        counted = [ref for ref in failed if not live[ref].disrupted]
-        if failure is None and restarts + len(counted) > policy.backoff_limit:
-            failure = Failure(
-                BACKOFF_LIMIT_EXCEEDED,
-                f"{len(counted)} worker pod(s) failed with {restarts} of runPolicy.backoffLimit="
-                f"{policy.backoff_limit} restarts already used: {', '.join(r.name for r in counted)}",
-            )
-        finished_training = any(p.phase == "Succeeded" for p in live.values())
-        if failure is not None:
-            deletes = [ref for ref, p in live.items() if not p.finished]
-        elif finished_training:
-            # Training is over once a worker succeeded: a new pod would wait for a rendezvous that never comes.
-            deletes = surplus
-            if not any(not p.finished for ref, p in live.items() if ref in wanted_pods):
-                failure = _incomplete_success(live, wanted_pods)
-        else:
-            restarts += len(counted)
-            replaced = len(failed)
-            deletes = surplus + failed
-            present = {ref for ref in pods if ref not in failed}
-            creates = [dict(obj) for ref, obj in wanted_pods.items() if ref not in present]
-    if not terminal:
-        creates = _missing_others(desired, existing) + creates
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, _deadline_failure(previous, policy.active_deadline_seconds, now))
+    creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
 
-    gone = set(deletes)
+    gone = set(pod_plan.deletes)
+    # A failed pod is reported once: when it is replaced, or when it ends the job.
+    reported = [
+        existing[ref] for ref, p in live.items()
+        if not terminal and p.phase == "Failed" and (ref in gone or pod_plan.failure)
+    ]
     seen = Observation(
         generation=job.generation,
         desired=spec.nodes,
         min_running=node_range(spec)[0],
         pods=[p for ref, p in pods.items() if ref not in gone],
-        restarts=restarts,
-        replaced=replaced,
+        restarts=pod_plan.restarts,
+        replaced=pod_plan.replaced,
         suspended=policy.suspend,
-        failure=failure,
+        failure=pod_plan.failure,
         strategy=resolved_strategy(spec),
         effective_batch_size=effective_batch_size(job),
+        selector=selector(job),
     )
     status = elastic_status(previous, seen, now)
-    return Plan(status=status, status_patch=status_patch(previous, status), creates=tuple(creates), deletes=tuple(deletes))
+    return Plan(
+        status=status,
+        status_patch=status_patch(previous, status),
+        creates=tuple(creates),
+        deletes=tuple(pod_plan.deletes),
+        events=tuple(compute_events(previous, status, reported)),
+    )
+
+
+def _plan_pods(
+    job: Job,
+    wanted: Mapping[ObjectRef, Mapping[str, Any]],
+    pods: Mapping[ObjectRef, PodView],
+    live: Mapping[ObjectRef, PodView],
+    restarts: int,
+    failure: Optional[Failure],
+) -> _PodPlan:
+    """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes."""
+    limit = job.spec.run_policy.backoff_limit
+    surplus = [ref for ref in live if ref not in wanted]
+    failed = [ref for ref, p in live.items() if ref in wanted and p.phase == "Failed"]
+    counted = [ref for ref in failed if not live[ref].disrupted]
+    if failure is None and restarts + len(counted) > limit:
+        failure = Failure(
+            BACKOFF_LIMIT_EXCEEDED,
+            f"{len(counted)} worker pod(s) failed with {restarts} of runPolicy.backoffLimit={limit} "
+            f"restarts already used: {', '.join(r.name for r in counted)}",
+        )
+    if failure is not None:
+        return _PodPlan(restarts, deletes=[ref for ref, p in live.items() if not p.finished], failure=failure)
+    if any(p.phase == "Succeeded" for p in live.values()):
+        # Training is over once a worker succeeded: a new pod would wait for a rendezvous that never comes.
+        still_running = any(not p.finished for ref, p in live.items() if ref in wanted)
+        return _PodPlan(restarts, deletes=surplus, failure=None if still_running else _incomplete_success(live, wanted))
+    present = {ref for ref in pods if ref not in failed}
+    return _PodPlan(
+        restarts + len(counted),
+        deletes=surplus + failed,
+        creates=[dict(obj) for ref, obj in wanted.items() if ref not in present],
+        replaced=len(failed),
+    )
 
 
 def _plan_pytorchjob(
@@ -210,9 +239,16 @@ def _plan_pytorchjob(
         desired=job.spec.nodes,
         strategy=resolved_strategy(job.spec),
         effective_batch_size=effective_batch_size(job),
+        selector=selector(job),
         now=now,
     )
-    return Plan(status=status, status_patch=status_patch(previous, status), creates=tuple(creates), patches=tuple(patches))
+    return Plan(
+        status=status,
+        status_patch=status_patch(previous, status),
+        creates=tuple(creates),
+        patches=tuple(patches),
+        events=tuple(compute_events(previous, status, [])),
+    )
 
 
 def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any]) -> dict[str, Any]:

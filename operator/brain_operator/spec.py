@@ -24,6 +24,7 @@ from brain_trainer.config import (
     TrainerConfig,
     TrainingConfig,
 )
+from brain_trainer.memory import resolve_distributed
 from brain_trainer.schema import ConfigError, FieldError, from_dict, setting, to_dict
 
 GROUP = "brain.ai"
@@ -308,13 +309,9 @@ class JobSpec:
                     break
 
 
-def _nodes_default() -> int:
-    return next(f.default for f in dataclasses.fields(JobSpec) if f.name == "nodes")
-
-
 # The elastic bounds as CEL rules on `spec`, so the API server refuses an
 # out-of-range `kubectl scale` too (the scale subresource writes spec.nodes).
-_NODES = f"(has(self.nodes) ? self.nodes : {_nodes_default()})"
+_NODES = f"(has(self.nodes) ? self.nodes : {JobSpec().nodes})"
 API_SERVER_RULES = (
     (
         "!has(self.elastic) || !has(self.elastic.minNodes) || !has(self.elastic.maxNodes)"
@@ -481,12 +478,14 @@ def resolved_backend(spec: JobSpec) -> str:
 
 
 def resolved_strategy(spec: JobSpec) -> str:
-    """The parallelism strategy status reports: the explicit one, else the preset's (single for one process)."""
-    if spec.distributed.strategy != "auto":
-        return spec.distributed.strategy
-    if world_size(spec) == 1:
-        return "single"
-    return DISTRIBUTED_PRESETS[spec.model.preset].strategy
+    """The strategy status reports, as the trainer will resolve it.
+
+    `auto` on multi-rank GPU pods stays `auto`: the trainer plans against the
+    real device memory at start-up, which the operator cannot see.
+    """
+    if spec.distributed.strategy == "auto" and uses_gpus(spec) and world_size(spec) > 1:
+        return "auto"
+    return resolve_distributed(_trainer_config(spec), world_size(spec), None).strategy
 
 
 def effective_batch_size(job: Job) -> int:
@@ -496,7 +495,10 @@ def effective_batch_size(job: Job) -> int:
 
 def trainer_config(job: Job) -> TrainerConfig:
     """The trainer.yaml the workers read: spec fields mapped onto brain_trainer.config."""
-    spec = job.spec
+    return _trainer_config(job.spec)
+
+
+def _trainer_config(spec: JobSpec) -> TrainerConfig:
     preset = DISTRIBUTED_PRESETS[spec.model.preset]
     training = {f.name: getattr(spec.training, f.name) for f in dataclasses.fields(TrainingConfig) if hasattr(spec.training, f.name)}
     dist = spec.distributed

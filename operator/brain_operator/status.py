@@ -119,6 +119,7 @@ class Observation:
     failure: Optional[Failure]
     strategy: str
     effective_batch_size: int
+    selector: str
 
 
 def is_terminal(previous: Mapping[str, Any]) -> bool:
@@ -172,7 +173,8 @@ def elastic_status(previous: Mapping[str, Any], seen: Observation, now: datetime
     else:
         phase, reason, message = PENDING, "WaitingForWorkers", f"{workers['running']}/{seen.min_running} workers running"
     out = _base(previous, seen.generation)
-    out.update(workers=workers, restarts=restarts, strategy=seen.strategy, effectiveBatchSize=seen.effective_batch_size)
+    out.update(_counts(workers, seen.selector), restarts=restarts, strategy=seen.strategy,
+               effectiveBatchSize=seen.effective_batch_size)
     if not is_terminal(previous):
         out.update(phase=phase, conditions=_conditions(previous, phase, reason, message, now, valid=_VALID))
         _stamp_times(out, previous, phase, now)
@@ -202,6 +204,7 @@ def pytorchjob_status(
     desired: int,
     strategy: str,
     effective_batch_size: int,
+    selector: str,
     now: datetime,
 ) -> dict[str, Any]:
     """The new status of a job delegated to Kubeflow, read from its PyTorchJob's conditions."""
@@ -221,7 +224,7 @@ def pytorchjob_status(
         restarts += 1
     out = _base(previous, generation)
     out.update(
-        workers=_kubeflow_workers(kf_status, desired),
+        _counts(_kubeflow_workers(kf_status, desired), selector),
         restarts=restarts,
         strategy=strategy,
         effectiveBatchSize=effective_batch_size,
@@ -243,6 +246,11 @@ def _kubeflow_workers(kf_status: Mapping[str, Any], desired: int) -> dict[str, i
         "succeeded": sum(int(r.get("succeeded") or 0) for r in replicas),
         "failed": sum(int(r.get("failed") or 0) for r in replicas),
     }
+
+
+def _counts(workers: dict[str, int], selector: str) -> dict[str, Any]:
+    # `nodes` feeds the Nodes printer column; `selector` the scale subresource (kubectl scale, HPA).
+    return {"workers": workers, "nodes": f"{workers['ready']}/{workers['desired']}", "selector": selector}
 
 
 def _base(previous: Mapping[str, Any], generation: int) -> dict[str, Any]:

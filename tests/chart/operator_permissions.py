@@ -16,6 +16,9 @@ NAMESPACED: Grants = {
     ("brain.ai", "braintrainingjobs"): frozenset({"get", "list", "watch", "patch"}),
     # ClusterClient.patch_status (merge patch of the status subresource).
     ("brain.ai", "braintrainingjobs/status"): frozenset({"patch"}),
+    # Creating children whose owner reference sets blockOwnerDeletion (render/common.py)
+    # needs update on the owner's finalizers where OwnerReferencesPermissionEnforcement runs.
+    ("brain.ai", "braintrainingjobs/finalizers"): frozenset({"update"}),
     # reconcile: list, create, delete (failed, surplus, suspended, finished pods);
     # kopf watches them so pod changes refresh the job's status.
     ("", "pods"): frozenset({"list", "watch", "create", "delete"}),

@@ -194,3 +194,13 @@ def test_a_reserved_nccl_default_is_refused_by_the_operator_naming_the_variable(
     env = _operator_env(render_objects({"trainer": {"ncclEnv": {"NCCL_DEBUG": "INFO"}}}))
     with pytest.raises(ConfigError, match="BRAIN_NCCL_ENV.*NCCL_DEBUG.*reserved"):
         OperatorDefaults.from_env(env)
+
+
+def test_an_existing_service_account_must_be_named():
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmRenderError, match="serviceAccount.name is required"):
+            chart.render({"serviceAccount": {"create": False}}, name="brain", namespace="brain-system")
+    objects = render_objects({"serviceAccount": {"create": False, "name": "platform-operator"}})
+    assert "ServiceAccount" not in {obj["kind"] for obj in objects}
+    assert only(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "platform-operator"
+    assert only(objects, "ClusterRoleBinding")["subjects"][0]["name"] == "platform-operator"

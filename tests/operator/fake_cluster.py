@@ -14,6 +14,7 @@ import itertools
 from typing import Any, Mapping, Optional
 
 from brain_operator.cluster import ObjectRef
+from brain_operator.events import Event
 from brain_operator.render.common import JOB_NAME_LABEL
 from brain_operator.spec import API_VERSION, KIND
 
@@ -35,9 +36,12 @@ class FakeCluster:
     def __init__(self, *, graceful_pod_deletion: bool = False) -> None:
         self.objects: dict[ObjectRef, dict] = {}
         self.writes: list[tuple[str, ObjectRef]] = []
+        self.events: list[tuple[str, Event]] = []
         # A real pod lingers with a deletionTimestamp until the kubelet stops it.
         self.graceful_pod_deletion = graceful_pod_deletion
         self._uids = itertools.count(1)
+        # Children by (apiVersion, kind, namespace, job label): listing stays O(children), as a label index does.
+        self._children: dict[tuple[str, str, str, str], set[ObjectRef]] = {}
 
     # -- ClusterClient ---------------------------------------------------
     def get_job(self, namespace: str, name: str) -> Optional[dict]:
@@ -45,12 +49,9 @@ class FakeCluster:
         return copy.deepcopy(found) if found is not None else None
 
     def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
-        return [
-            copy.deepcopy(obj)
-            for ref, obj in sorted(self.objects.items())
-            if (ref.api_version, ref.kind, ref.namespace) == (api_version, kind, namespace)
-            and (obj["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == job_name
-        ]
+        refs = self._children.get((api_version, kind, namespace, job_name), set())
+        # A test may delete objects behind the client's back: skip refs no longer stored.
+        return [copy.deepcopy(self.objects[ref]) for ref in sorted(refs) if ref in self.objects]
 
     def create(self, obj: Mapping[str, Any]) -> bool:
         ref = ObjectRef.of(obj)
@@ -62,6 +63,9 @@ class FakeCluster:
         if ref.kind == "Pod":
             stored.setdefault("status", {"phase": "Pending"})
         self.objects[ref] = stored
+        job_name = (stored["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
+        if job_name is not None:
+            self._children.setdefault((ref.api_version, ref.kind, ref.namespace, job_name), set()).add(ref)
         self.writes.append(("create", ref))
         return True
 
@@ -83,6 +87,9 @@ class FakeCluster:
         job = self.objects[ref]
         job["status"] = merge_patch(job.get("status") or {}, patch)
         self.writes.append(("patch_status", ref))
+
+    def post_event(self, job: Mapping[str, Any], event: Event) -> None:
+        self.events.append((job["metadata"]["name"], event))
 
     # -- the test's side: the user and the kubelet -------------------------
     def apply_job(self, manifest: Mapping[str, Any]) -> dict:

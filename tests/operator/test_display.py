@@ -57,9 +57,9 @@ def test_read_progress_ignores_missing_partial_and_foreign_documents(tmp_path):
 
 def test_summary_names_every_figure():
     summary = RunSummary(
-        status="Succeeded", step=200, total_steps=200, loss=1.5, tokens_per_second=9000.0,
+        status="Succeeded", step=200, total_steps=200, loss=1.5, first_loss=5.25, tokens_per_second=9000.0,
         wall_seconds=75.0, checkpoint="runs/j/checkpoints/step-00000200", restarts=1,
     )
     text = "\n".join(summary_lines(summary))
-    for expected in ("Succeeded", "200/200", "1.5000", "9,000", "1m15s", "restarts:    1", "step-00000200"):
+    for expected in ("Succeeded", "200/200", "1.5000 (first logged: 5.2500)", "9,000", "1m15s", "restarts:    1", "step-00000200"):
         assert expected in text

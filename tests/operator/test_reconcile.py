@@ -2,9 +2,11 @@
 
 from datetime import datetime, timedelta, timezone
 
+import jsonschema
 import pytest
 from fake_cluster import FakeCluster
 
+from brain_operator.crd import status_schema
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import API_VERSION, KIND
 from brain_operator.status import format_time
@@ -23,8 +25,18 @@ def manifest(name="j", nodes=2, **spec):
     }
 
 
+STATUS_SCHEMA = jsonschema.Draft4Validator(status_schema())
+
+
 def step(cluster, now=T0, name="j"):
-    return reconcile(cluster.get_job(NS, name), cluster, now)
+    status = reconcile(cluster.get_job(NS, name), cluster, now)
+    # Every status written fits the CRD, and the API server would prune no key of it.
+    STATUS_SCHEMA.validate(status)
+    declared = STATUS_SCHEMA.schema["properties"]
+    for key, value in status.items():
+        assert key in declared and (not isinstance(value, dict) or set(value) <= set(declared[key]["properties"])), key
+    assert cluster.get_job(NS, name)["status"] == status
+    return status
 
 
 def condition(status, kind):
@@ -77,8 +89,15 @@ def test_repeat_and_resume_write_nothing(cluster):
 def test_failed_pod_is_recreated_and_restarts_grow(cluster):
     started(cluster)
     cluster.exit_pod("j-worker-1", 1, message="Traceback: CUDA error")
+    before = len(cluster.events)
     status = step(cluster)
     assert status["restarts"] == 1 and status["phase"] == "Restarting"
+    # Told once on the job: the failure with its exit code, and the phase change.
+    (_, failure), (_, phase) = cluster.events[before:]
+    assert failure.reason == "WorkerFailed" and "j-worker-1" in failure.message and "exit code 1" in failure.message
+    assert (phase.type, phase.reason) == ("Warning", "Restarting")
+    step(cluster)
+    assert len(cluster.events) == before + 2
     assert cluster.pods()["j-worker-1"]["status"]["phase"] == "Pending"  # a fresh pod
     cluster.run_all()
     status = step(cluster)
@@ -264,3 +283,22 @@ def test_pytorchjob_backend(cluster):
     cluster.objects[ref]["status"]["completionTime"] = "2026-11-22T13:00:00Z"
     done = step(cluster)
     assert done["phase"] == "Succeeded" and done["completionTime"] == "2026-11-22T13:00:00Z"
+
+
+def test_pytorchjob_size_changes_are_patched(cluster):
+    elastic = {"minNodes": 1, "maxNodes": 4}
+    cluster.apply_job(manifest(nodes=2, backend="pytorchjob", elastic=elastic))
+    step(cluster)
+    ref = next(r for r in cluster.objects if r.kind == "PyTorchJob")
+    cluster.apply_job(manifest(nodes=3, backend="pytorchjob", elastic=elastic))
+    step(cluster)
+    assert cluster.objects[ref]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    # A fixed-size job growing from one node gains a whole Worker role.
+    cluster.apply_job(manifest(name="solo", nodes=1, backend="pytorchjob"))
+    step(cluster, name="solo")
+    solo = next(r for r in cluster.objects if r.kind == "PyTorchJob" and r.name == "solo")
+    assert set(cluster.objects[solo]["spec"]["pytorchReplicaSpecs"]) == {"Master"}
+    cluster.apply_job(manifest(name="solo", nodes=2, backend="pytorchjob"))
+    step(cluster, name="solo")
+    workers = cluster.objects[solo]["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert workers["replicas"] == 1 and workers["template"]["spec"]["containers"]

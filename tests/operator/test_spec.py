@@ -103,8 +103,10 @@ def test_precision_defaults_to_the_preset():
 def test_resolved_values():
     gpu = parse_job(manifest({"nodes": 2, "resources": {"limits": {"nvidia.com/gpu": 8}}, "model": {"preset": "3b"}}))
     assert resolved_backend(gpu.spec) == "nccl"
-    assert resolved_strategy(gpu.spec) == DISTRIBUTED_PRESETS["3b"].strategy == "fsdp"
-    cpu = parse_job(manifest({"distributed": {"strategy": "ddp"}}))
+    # The trainer plans `auto` against the device's memory at start-up.
+    assert resolved_strategy(gpu.spec) == "auto"
+    assert resolved_strategy(parse_job(manifest({"nodes": 2, "distributed": {"strategy": "fsdp"}})).spec) == "fsdp"
+    cpu = parse_job(manifest({"nodes": 2, "model": {"preset": "3b"}}))
     assert resolved_backend(cpu.spec) == "gloo" and resolved_strategy(cpu.spec) == "ddp"
     assert resolved_strategy(parse_job(manifest()).spec) == "single"
     batch = parse_job(manifest({"nodes": 3, "nprocPerNode": 2, "training": {"microBatchSize": 4, "globalBatchSize": 48}}))

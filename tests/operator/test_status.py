@@ -37,7 +37,7 @@ def seen(pods, *, desired=2, min_running=2, restarts=0, replaced=0, suspended=Fa
     return Observation(
         generation=generation, desired=desired, min_running=min_running, pods=[pod_view(p) for p in pods],
         restarts=restarts, replaced=replaced, suspended=suspended, failure=failure,
-        strategy="ddp", effective_batch_size=16,
+        strategy="ddp", effective_batch_size=16, selector="brain.ai/job-name=j",
     )
 
 
@@ -77,6 +77,7 @@ def test_phases_follow_the_pods():
     assert running["phase"] == "Running"
     assert running["workers"] == {"desired": 2, "ready": 1, "running": 2, "succeeded": 0, "failed": 0}
     assert running["startTime"] == format_time(T1)
+    assert running["nodes"] == "1/2" and running["selector"] == "brain.ai/job-name=j"
     assert running["strategy"] == "ddp" and running["effectiveBatchSize"] == 16
     # Losing a worker after running is a restart, not "pending".
     assert elastic_status(running, seen([pod(0)]), T1)["phase"] == "Restarting"
@@ -144,7 +145,8 @@ def kf(*conditions, replicas=None, **extra):
 
 
 def kf_status(previous, job, now=T1):
-    return pytorchjob_status(previous, job, generation=1, desired=3, strategy="fsdp", effective_batch_size=48, now=now)
+    return pytorchjob_status(previous, job, generation=1, desired=3, strategy="fsdp", effective_batch_size=48,
+                             selector="brain.ai/job-name=j", now=now)
 
 
 @pytest.mark.parametrize(
@@ -172,6 +174,7 @@ def test_pytorchjob_status_carries_counts_times_and_restarts():
     running = kf_status({}, kf(("Running", "True", "2026-11-22T12:01:00Z"), replicas=replicas,
                                startTime="2026-11-22T12:00:30Z"))
     assert running["workers"] == {"desired": 3, "ready": 2, "running": 2, "succeeded": 0, "failed": 1}
+    assert running["nodes"] == "2/3"
     assert running["startTime"] == "2026-11-22T12:00:30Z"
     assert condition(running, "Running")["lastTransitionTime"] == "2026-11-22T12:01:00Z"
     restart = kf(("Running", "False", "2026-11-22T12:01:00Z"), ("Restarting", "True", "2026-11-22T12:02:00Z"))

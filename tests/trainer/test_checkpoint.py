@@ -204,3 +204,4 @@ def test_resume_at_other_world_size_exact_and_falls_back_when_damaged(saved, tmp
         assert any("skipping" in m and "not committed" in m for m in out["logs"])
     if world_size == 1:
         assert torch.equal(out["rng"], reference["rng"])
+

@@ -8,7 +8,6 @@ import torch
 from brain_trainer.config import DataConfig, DistributedConfig
 from brain_trainer.data import ByteFileDataset, RankAwareDataLoader, SyntheticDataset, build_dataset
 from brain_trainer.schema import ConfigError
-from harness import run_ranks
 
 
 class Indices(torch.utils.data.Dataset):
@@ -92,27 +91,6 @@ def test_start_index_resumes_the_global_sequence_at_any_world_size(start, world,
     steps = 40 // (world * micro)
     resumed = global_stream(n, world, micro, steps, start_index=start)
     assert resumed == reference[start : start + steps * world * micro]
-
-
-def _real_ranks(rank, world_size):
-    dataset = SyntheticDataset(40, 8, seed=3)
-    loader = RankAwareDataLoader(dataset, DistributedConfig(), micro_batch_size=2)  # rank/world from the group
-    xs, ys = next(iter(loader))
-    gathered = [torch.empty_like(xs) for _ in range(world_size)]
-    torch.distributed.all_gather(gathered, xs)
-    return loader.rank, loader.world_size, torch.cat(gathered).tolist(), ys.tolist()  # tensors die with the rank
-
-
-def test_two_real_ranks_read_what_one_process_with_twice_the_batch_reads():
-    results = run_ranks(_real_ranks, 2)
-    single = RankAwareDataLoader(
-        SyntheticDataset(40, 8, seed=3), DistributedConfig(), micro_batch_size=4, rank=0, world_size=1
-    )
-    xs, _ = next(iter(single))
-    for rank, (got_rank, world, gathered, _) in enumerate(results):
-        assert (got_rank, world) == (rank, 2)
-        assert gathered == xs.tolist()
-    assert results[0][3] != results[1][3], "the two ranks read different samples"
 
 
 def test_synthetic_items_are_deterministic_and_shifted():

@@ -17,6 +17,7 @@ from brain_trainer.model import SCAN_CHUNK, Spike, build_model, gated_scan
 from brain_trainer.presets import (
     MODEL_PRESETS,
     NOMINAL_PARAMS,
+    STACKS,
     module_param_counts,
     param_count,
     wrap_unit_params,
@@ -104,6 +105,9 @@ def test_wrap_units_run_in_forward_order_and_cover_every_parameter():
     owned = [id(p) for u in leaves for p in u.parameters()]
     assert sorted(owned) == sorted(id(p) for p in model.parameters())
     assert [sum(p.numel() for p in u.parameters()) for u in leaves] == wrap_unit_params(model.cfg)
+    blocks = model.checkpoint_units()
+    assert blocks == [u for u in leaves if u not in (model.encoders, model.meta, model.heads)]
+    assert len(blocks) == sum(len(getattr(model, name).blocks) for name in STACKS)
 
 
 def test_sequence_longer_than_max_seq_len_is_refused():

@@ -13,7 +13,8 @@ import pytest
 import torch
 import yaml
 
-from brain_trainer.config import TrainerConfig
+from brain_trainer.config import DistributedConfig, TrainerConfig
+from brain_trainer.data import RankAwareDataLoader, SyntheticDataset
 from brain_trainer.progress import Progress, eta_seconds, format_progress, utc_timestamp, write_progress
 from brain_trainer.schema import ConfigError
 from brain_trainer.train import param_groups, resolve_strategy, train
@@ -74,13 +75,16 @@ def _small_job(**training):
 def _train_on_ranks(rank, world_size, training):
     torch.set_num_threads(1)
     result = train(_small_job(**training))
-    return result.step, [loss for _, loss in result.history]
+    loader = RankAwareDataLoader(SyntheticDataset(8, 4), DistributedConfig())  # rank and world from the group
+    return result.step, [loss for _, loss in result.history], (loader.rank, loader.world_size)
 
 
 def test_same_losses_at_any_world_size_and_accumulation(monkeypatch):
+    """2 ranks x micro-batch 2 = 1 process x 4 = 1 process x 1 x 4 accumulation: same samples, same updates."""
     two_ranks = run_ranks(_train_on_ranks, 2, {"micro_batch_size": 2})
-    assert two_ranks[0] == two_ranks[1], "every rank reports the same averaged loss"
-    step, losses = two_ranks[0]
+    assert [r[2] for r in two_ranks] == [(0, 2), (1, 2)]
+    assert two_ranks[0][:2] == two_ranks[1][:2], "every rank reports the same averaged loss"
+    step, losses, _ = two_ranks[0]
     assert step == 6 and len(losses) == 6
     monkeypatch.setenv("RANK", "0")  # one process, without leaking launcher variables into other tests
     monkeypatch.setenv("WORLD_SIZE", "1")

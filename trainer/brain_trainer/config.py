@@ -193,7 +193,9 @@ class TrainerConfig:
         return to_dict(self)
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+        # libyaml's dumper when present: rendering a job is mostly this dump.
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        return yaml.dump(self.to_dict(), Dumper=dumper, sort_keys=False)
 
     def config_hash(self) -> str:
         """A stable digest of the settings, recorded in checkpoint manifests."""

@@ -66,9 +66,9 @@ class GatedMLP(nn.Module):
 class Encoders(nn.Module):
     """Byte embedding, hashed n-gram embeddings and a causal depthwise convolution.
 
-    The n-gram tables give each position the bigram and trigram that end at
-    it (hashed into `ngram_buckets` rows, as in byte-level models such as
-    BLT): cheap context that costs lookups, not matmuls.
+    The n-gram table gives each position the bigram and trigram that end at
+    it (both hashed into its `ngram_buckets` rows, as in byte-level models
+    such as BLT): context that costs lookups, not matmuls.
     """
 
     def __init__(self, cfg: BrainAIConfig):
@@ -386,12 +386,12 @@ class BrainAI(nn.Module):
         """
         out_std = INIT_STD / math.sqrt(2 * self.cfg.residual_blocks)
         self.encoders.reset_parameters()
-        for stack in (self.snn_core, self.htm, self.workspace, self.reasoning, self.decision, self.meta):
-            stack.reset_parameters(out_std)
+        for module in (self.snn_core, self.htm, self.workspace, self.reasoning, self.decision, self.meta):
+            module.reset_parameters(out_std)
         self.heads.reset_parameters()
 
     def wrap_units(self) -> list[nn.Module]:
-        """FSDP wrap units in forward order: every block of every stack before its stack, then the other modules.
+        """FSDP wrap units in forward order: every block of a stack, then the stack; the other modules as they are.
 
         Shard each in this order, then the root.
         """
@@ -401,6 +401,10 @@ class BrainAI(nn.Module):
                 units.extend(module.blocks)
             units.append(module)
         return units
+
+    def checkpoint_units(self) -> list[nn.Module]:
+        """The blocks to wrap with activation checkpointing, in forward order (the memory planner assumes these)."""
+        return [block for module in self.children() if isinstance(module, BlockStack) for block in module.blocks]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         B, T = tokens.shape

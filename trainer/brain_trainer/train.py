@@ -25,7 +25,7 @@ from torch.amp import GradScaler
 from torch.optim.lr_scheduler import LambdaLR
 
 from .accumulation import GradientAccumulator
-from .checkpoint import CheckpointManager, TrainState
+from .checkpoint import CheckpointManager, SampleLog, TrainState
 from .config import DistributedConfig, TrainerConfig
 from .data import RankAwareDataLoader, build_dataset
 from .ddp import DDPWrapper, all_reduce_mean, ensure_process_group, local_device
@@ -180,6 +180,8 @@ def _run(cfg: TrainerConfig, dataset, rank: int, world_size: int, device: torch.
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash())
     ckpt.restore(state)
+    sample_log = SampleLog.from_env(rank)
+    dataset = sample_log.wrap(dataset)
 
     loader = RankAwareDataLoader(
         dataset,
@@ -223,6 +225,7 @@ def _run(cfg: TrainerConfig, dataset, rank: int, world_size: int, device: torch.
         scheduler.step()
         state.step += 1
         state.sample_index += global_batch
+        sample_log.record(state.step)
         ckpt.after_step(state)
         if state.step % training.log_interval and state.step != training.steps:
             continue

@@ -65,6 +65,11 @@ holds the same list, derived from what brain_operator calls; a test keeps the tw
 - apiGroups: ["brain.ai"]
   resources: ["braintrainingjobs/status"]
   verbs: ["patch"]
+# Children carry owner references with blockOwnerDeletion; clusters running the
+# OwnerReferencesPermissionEnforcement admission plugin require this to create them.
+- apiGroups: ["brain.ai"]
+  resources: ["braintrainingjobs/finalizers"]
+  verbs: ["update"]
 # Worker pods: created, watched for status, deleted on suspend, scale-down or retry.
 - apiGroups: [""]
   resources: ["pods"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Optional
 
+from brain_trainer.config import METRICS_PORT
+
 from ..spec import API_VERSION, GROUP, KIND, Job, trainer_config
 
 CONFIG_DIR = "/etc/brain"
@@ -147,24 +149,15 @@ def nccl_env(job: Job) -> list[dict[str, str]]:
     return env
 
 
-def metrics_port(job: Job) -> int:
-    return trainer_config(job).metrics.port
-
-
-def pod_annotations(job: Job) -> dict[str, str]:
-    """Prometheus scrape annotations for rank 0's endpoint (none when the trainer's endpoint is disabled)."""
-    port = metrics_port(job)
-    if not port:
-        return {}
-    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+def pod_annotations() -> dict[str, str]:
+    """Prometheus scrape annotations for rank 0's endpoint (the trainer's default port; the spec keeps it)."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
 
 
 def container(job: Job, name: str, env: list[dict[str, str]], ports: list[dict[str, Any]]) -> dict[str, Any]:
     """The trainer container: exec-form torchrun, least privilege, config/shm/checkpoint mounts."""
     spec = job.spec
-    ports = list(ports)
-    if metrics_port(job):
-        ports.append({"name": "metrics", "containerPort": metrics_port(job), "protocol": "TCP"})
+    ports = [*ports, {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
     out: dict[str, Any] = {
         "name": name,
         "image": spec.image,

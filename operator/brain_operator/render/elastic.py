@@ -67,7 +67,7 @@ def build_service(job: Job) -> dict[str, Any]:
 def build_worker_pod(job: Job, index: int) -> dict[str, Any]:
     """Worker pod `<name>-worker-<index>`."""
     labels = {**workload_labels(job), REPLICA_INDEX_LABEL: str(index)}
-    annotations = pod_annotations(job)
+    annotations = pod_annotations()
     if job.spec.scheduling.queue_name:
         # Kueue admits the workers as one gang.
         labels[KUEUE_POD_GROUP_LABEL] = job.name

@@ -31,10 +31,7 @@ RESTART_POLICY = "OnFailure"
 
 
 def _replica(job: Job, replicas: int) -> dict[str, Any]:
-    template_meta: dict[str, Any] = {"labels": job_labels(job)}
-    annotations = pod_annotations(job)
-    if annotations:
-        template_meta["annotations"] = annotations
+    template_meta = {"labels": job_labels(job), "annotations": pod_annotations()}
     return {
         "replicas": replicas,
         "restartPolicy": RESTART_POLICY,

@@ -9,10 +9,12 @@
     ckpt.finish(state)
 
 Modules: store (folder layout, manifest, commit, retention; torch-free),
-shards (DCP reads and writes), state (TrainState), manager (policy).
+shards (DCP reads and writes), state (TrainState), manager (policy),
+sample_log (opt-in per-step record of consumed samples, for resume checks).
 """
 
 from .manager import CheckpointError, CheckpointManager, Preempted, load_model, save_model
+from .sample_log import SampleLog
 from .state import TrainState
 from .store import ManifestError, latest_checkpoint
 
@@ -21,6 +23,7 @@ __all__ = [
     "CheckpointManager",
     "ManifestError",
     "Preempted",
+    "SampleLog",
     "TrainState",
     "latest_checkpoint",
     "load_model",

@@ -7,9 +7,11 @@ their sizes and checksums; rank 0 then commits the folder (store.commit).
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -40,13 +42,23 @@ def _dist_kwargs(group: dist.ProcessGroup | None) -> dict[str, Any]:
     return {"no_dist": True}
 
 
+@contextlib.contextmanager
+def _single_process_intended() -> Iterator[None]:
+    # Without a process group DCP warns that it assumes one process: here that is the intent.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> None:
-    dcp.save(state_dict, storage_writer=ShardWriter(folder), **_dist_kwargs(group))
+    with _single_process_intended():
+        dcp.save(state_dict, storage_writer=ShardWriter(folder), **_dist_kwargs(group))
 
 
 def async_save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> Future:
     """Stage state_dict to CPU memory now (the caller's only stall), write it in a background thread."""
-    return dcp.async_save(state_dict, storage_writer=ShardWriter(folder), **_dist_kwargs(group))
+    with _single_process_intended():
+        return dcp.async_save(state_dict, storage_writer=ShardWriter(folder), **_dist_kwargs(group))
 
 
 def saved_keys(folder: Path) -> set[str]:
@@ -55,7 +67,8 @@ def saved_keys(folder: Path) -> set[str]:
 
 def load(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> None:
     """Fill state_dict in place from folder, resharding to this run's layout as needed."""
-    dcp.load(state_dict, storage_reader=dcp.FileSystemReader(folder), **_dist_kwargs(group))
+    with _single_process_intended():
+        dcp.load(state_dict, storage_reader=dcp.FileSystemReader(folder), **_dist_kwargs(group))
 
 
 def load_prefix(folder: Path, prefix: str) -> dict[str, Any]:
@@ -69,5 +82,6 @@ def load_prefix(folder: Path, prefix: str) -> dict[str, Any]:
             template[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
         elif isinstance(meta, BytesStorageMetadata):
             template[key] = None
-    dcp.load(template, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+    with _single_process_intended():
+        dcp.load(template, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
     return {key[len(prefix) + 1 :]: value for key, value in template.items()}

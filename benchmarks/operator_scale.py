@@ -1,0 +1,121 @@
+"""How the operator's control loop scales with the number of jobs (a benchmark, not a test).
+
+Every job has 16 nodes. For each fleet size the script applies the jobs to the
+in-memory cluster client and reconciles each one twice: the first pass parses,
+validates, renders and creates the children; the second is the steady state
+(the same work, no writes). It prints jobs/s, objects/s and the cost per job,
+which stays flat as the fleet grows when reconcile is linear.
+
+    .venv/bin/python benchmarks/operator_scale.py [--sizes 100 1000 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "operator"))
+
+from fake_cluster import FakeCluster  # noqa: E402  (the in-memory ClusterClient)
+
+from brain_operator.reconcile import plan, reconcile, watched_kinds  # noqa: E402
+from brain_operator.render import render  # noqa: E402
+from brain_operator.spec import API_VERSION, KIND, parse_job  # noqa: E402
+
+NODES = 16
+NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def manifest(i: int) -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": f"job-{i:05d}", "namespace": f"team-{i % 10}"},
+        "spec": {
+            "image": "registry.example/brain-trainer:1",
+            "nodes": NODES,
+            "nprocPerNode": 8,
+            "elastic": {"minNodes": 8, "maxNodes": 32},
+            "resources": {"limits": {"nvidia.com/gpu": 8}},
+            "model": {"preset": "7b"},
+            "training": {"microBatchSize": 2, "gradientAccumulationSteps": 4},
+            "checkpoint": {"volumeClaimTemplate": {"storage": "2Ti"}},
+            "runPolicy": {"backoffLimit": 5},
+        },
+    }
+
+
+def fleet(n: int) -> dict[str, float]:
+    cluster = FakeCluster()
+    jobs = [cluster.apply_job(manifest(i)) for i in range(n)]
+    start = time.perf_counter()
+    phases = [reconcile(job, cluster, NOW)["phase"] for job in jobs]
+    create = time.perf_counter() - start
+    assert set(phases) == {"Pending"}, f"jobs did not start: {set(phases)}"
+    objects = sum(kind == "create" for kind, _ in cluster.writes)
+    current = [cluster.get_job(j["metadata"]["namespace"], j["metadata"]["name"]) for j in jobs]
+    writes = len(cluster.writes)
+    start = time.perf_counter()
+    for job in current:
+        reconcile(job, cluster, NOW)
+    steady = time.perf_counter() - start
+    assert len(cluster.writes) == writes, "a steady-state pass wrote to the cluster"
+    return {"jobs": n, "objects": objects, "create_s": create, "steady_s": steady}
+
+
+def stages(n: int) -> dict[str, float]:
+    """Where one pass's time goes: the pure steps alone, on already-created jobs."""
+    cluster = FakeCluster()
+    jobs = [cluster.apply_job(manifest(i)) for i in range(n)]
+    for job in jobs:
+        reconcile(job, cluster, NOW)
+    jobs = [cluster.get_job(j["metadata"]["namespace"], j["metadata"]["name"]) for j in jobs]
+    out = {}
+    start = time.perf_counter()
+    parsed = [parse_job(j) for j in jobs]
+    out["parse+validate"] = time.perf_counter() - start
+    start = time.perf_counter()
+    rendered = [render(j) for j in parsed]
+    out["render"] = time.perf_counter() - start
+    start = time.perf_counter()
+    children = [
+        [c for api, kind in watched_kinds(j, r) for c in cluster.list_children(api, kind, j.namespace, j.name)]
+        for j, r in zip(parsed, rendered)
+    ]
+    out["list (in-memory client)"] = time.perf_counter() - start
+    start = time.perf_counter()
+    for job, raw, desired, existing in zip(parsed, jobs, rendered, children):
+        plan(job, desired, existing, raw.get("status") or {}, NOW)
+    out["plan + status"] = time.perf_counter() - start
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
+    args = parser.parse_args()
+    print(f"jobs of {NODES} nodes each, elastic backend, in-memory cluster client")
+    print(f"{'jobs':>7} {'objects':>8} {'create jobs/s':>14} {'objects/s':>10} {'ms/job':>7} "
+          f"{'steady jobs/s':>14} {'ms/job':>7}")
+    results = [fleet(n) for n in args.sizes]
+    for r in results:
+        print(f"{r['jobs']:>7} {r['objects']:>8} {r['jobs'] / r['create_s']:>14.0f} "
+              f"{r['objects'] / r['create_s']:>10.0f} {1e3 * r['create_s'] / r['jobs']:>7.2f} "
+              f"{r['jobs'] / r['steady_s']:>14.0f} {1e3 * r['steady_s'] / r['jobs']:>7.2f}")
+    base = results[0]
+    for r in results[1:]:
+        ratio = (r["create_s"] / r["jobs"]) / (base["create_s"] / base["jobs"])
+        print(f"cost per job at {r['jobs']} jobs / at {base['jobs']} jobs: {ratio:.2f} (1.00 = linear)")
+    n = 1000
+    split = stages(n)
+    total = sum(split.values())
+    print(f"one steady pass over {n} jobs, by stage:")
+    for stage, seconds in split.items():
+        print(f"  {stage:<26} {1e3 * seconds / n:6.3f} ms/job  {100 * seconds / total:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Kubernetes Events worth posting on a BrainTrainingJob (pure).
+
+One event per phase transition and one per worker failure, carrying the
+pod's exit code and reason (OOMKilled, Error, Evicted, ...), so `kubectl
+describe btj` tells the story without digging through pods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+from .status import FAILED, RESTARTING, is_disruption
+
+NORMAL, WARNING = "Normal", "Warning"
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PodExit:
+    """How a worker pod ended, as the kubelet reported it."""
+
+    reason: str
+    exit_code: Optional[int]
+    message: str
+
+
+def pod_exit(pod: Mapping[str, Any]) -> PodExit:
+    status = pod.get("status") or {}
+    terminated = next(
+        (
+            (c.get("state") or {}).get("terminated")
+            for c in status.get("containerStatuses") or []
+            if (c.get("state") or {}).get("terminated")
+        ),
+        {},
+    )
+    # A pod-level reason (Evicted, Preempted) explains more than the container's.
+    reason = status.get("reason") or terminated.get("reason") or "Error"
+    message = (status.get("message") or terminated.get("message") or "").strip()
+    return PodExit(reason=reason, exit_code=terminated.get("exitCode"), message=message)
+
+
+def worker_failure_event(pod: Mapping[str, Any]) -> Event:
+    name = (pod.get("metadata") or {}).get("name", "?")
+    ended = pod_exit(pod)
+    code = "no exit code" if ended.exit_code is None else f"exit code {ended.exit_code}"
+    retry = "; retried without counting against backoffLimit" if is_disruption(pod) else ""
+    detail = f": {ended.message}" if ended.message else ""
+    return Event(WARNING, "WorkerFailed", f"worker pod {name} ended with {ended.reason} ({code}){retry}{detail}")
+
+
+def phase_event(previous_phase: Optional[str], phase: Optional[str], message: str = "") -> Optional[Event]:
+    if not phase or phase == previous_phase:
+        return None
+    kind = WARNING if phase in (FAILED, RESTARTING) else NORMAL
+    text = f"phase {previous_phase or 'None'} -> {phase}" + (f": {message}" if message else "")
+    return Event(kind, phase, text)
+
+
+def compute_events(
+    previous: Mapping[str, Any], status: Mapping[str, Any], failed_pods: Iterable[Mapping[str, Any]]
+) -> list[Event]:
+    """Events for one reconcile: its newly handled worker failures, then the phase change if any."""
+    events = [worker_failure_event(pod) for pod in failed_pods]
+    transition = phase_event(previous.get("phase"), status.get("phase"), _phase_message(status))
+    if transition is not None:
+        events.append(transition)
+    return events
+
+
+def _phase_message(status: Mapping[str, Any]) -> str:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == status.get("phase") and condition.get("status") == "True":
+            return condition.get("message") or ""
+    return ""

@@ -1,0 +1,24 @@
+"""torchrun entry for the resume test: `python -m brain_trainer`, except that in the first
+attempt rank 0 stops right before committing checkpoint HOLD_COMMIT_STEP (every shard and
+DCP's .metadata written), prints its pid, and waits there to be killed."""
+
+import os
+import sys
+import threading
+
+from brain_trainer import __main__ as trainer_main
+from brain_trainer.checkpoint import store
+
+HOLD_STEP = int(os.environ["HOLD_COMMIT_STEP"])
+real_commit = store.commit
+
+
+def commit(folder, final, fields):
+    if fields["step"] == HOLD_STEP and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+        print(f"holding commit of step {HOLD_STEP} in pid {os.getpid()}", flush=True)
+        threading.Event().wait()
+    return real_commit(folder, final, fields)
+
+
+store.commit = commit
+sys.exit(trainer_main.main())

@@ -1,0 +1,172 @@
+"""Checkpoints in the real training loop (`python -m brain_trainer`), killed with real signals.
+
+- uninterrupted: a 2-rank torchrun job, the reference;
+- SIGKILL: the same job under torchrun --max-restarts=1; rank 0 is killed after the checkpoint
+  at step 4 committed, while the one at step 8 has all its shards written but no commit. torchrun
+  restarts the group, which resumes from step 4 and ends with the reference's parameters and
+  samples (issue 3, points 2 and 4);
+- SIGTERM: 2 plain processes (hand-set environment, FSDP2); rank 1 alone gets SIGTERM. Both ranks
+  finish the step, commit a checkpoint and exit 75 with the termination message; one process
+  then resumes it at world size 1 and continues the same global sample sequence (points 3, 5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from harness import free_port
+
+from brain_trainer import exitcodes
+from brain_trainer.checkpoint import store
+from brain_trainer.config import DistributedConfig
+from brain_trainer.data import RankAwareSampler, SyntheticDataset
+from brain_trainer.export import export
+
+HERE = Path(__file__).parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+MICRO, SEQ, SAMPLES, SEED = 2, 16, 4096, 0
+
+
+def write_config(tmp: Path, name: str, steps: int, strategy: str) -> Path:
+    config = {
+        "model": {"preset": "minimal"},
+        "training": {"steps": steps, "micro_batch_size": MICRO, "global_batch_size": 2 * MICRO, "seq_len": SEQ,
+                     "warmup_steps": 2, "log_interval": 4, "seed": SEED},
+        "distributed": {"strategy": strategy, "fsdp_sharding": "full_shard"},
+        "data": {"source": "synthetic", "num_samples": SAMPLES},
+        "checkpoint": {"dir": str(tmp / name), "interval_steps": 4, "keep_last": 2},
+        "metrics": {"port": 0},
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def env(sample_log: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "BRAIN_SAMPLE_LOG": str(sample_log), **extra}
+
+
+def torchrun(*args: str) -> list[str]:
+    return [TORCHRUN, "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]
+
+
+def steps_taken(sample_log: Path) -> dict[int, list[int]]:
+    """Each step's samples, by the last attempt that took it, ranks in order (the global order)."""
+    by_step: dict[int, tuple[str, dict[int, list[int]]]] = {}
+    for line in sample_log.read_text().splitlines():
+        rec = json.loads(line)
+        attempt, ranks = by_step.get(rec["step"], (rec["attempt"], {}))
+        if attempt != rec["attempt"]:  # a later attempt redid this step: the earlier one was lost
+            attempt, ranks = rec["attempt"], {}
+        ranks[rec["rank"]] = rec["samples"]
+        by_step[rec["step"]] = (attempt, ranks)
+    return {step: [i for rank in sorted(ranks) for i in ranks[rank]] for step, (_, ranks) in sorted(by_step.items())}
+
+
+def global_stream(count: int) -> list[int]:
+    """The dataset indices a single process reads first, i.e. the global sample sequence."""
+    sampler = RankAwareSampler(SyntheticDataset(SAMPLES, SEQ, SEED), num_replicas=1, rank=0,
+                               micro_batch_size=MICRO, seed=SEED)
+    return list(sampler)[:count]
+
+
+def final_model(root: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    out = tmp / f"{root.name}.pt"
+    assert export(root, out) == root / store.step_dir_name(12)
+    return torch.load(out)
+
+
+def run(cmd: list[str], log: Path, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=HERE, **kw)
+    log.write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+def test_sigkill_after_a_checkpoint_and_before_a_commit_resumes_exactly(tmp_path):
+    reference_log, killed_log = tmp_path / "reference.jsonl", tmp_path / "killed.jsonl"
+    proc = run(torchrun("-m", "brain_trainer", "--config", str(write_config(tmp_path, "reference", 12, "ddp"))),
+               tmp_path / "reference.out", env=env(reference_log))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    killed = write_config(tmp_path, "killed", 12, "ddp")
+    job = subprocess.Popen(
+        torchrun("--max-restarts", "1", str(HERE / "hold_commit.py"), "--config", str(killed)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
+        env=env(killed_log, HOLD_COMMIT_STEP="8"),
+    )
+    output = []
+    try:
+        for line in job.stdout:
+            output.append(line)
+            if line.startswith("holding commit of step 8 in pid "):
+                pending = tmp_path / "killed" / (store.step_dir_name(8) + store.TMP_SUFFIX)
+                assert (pending / ".metadata").is_file() and not (pending / store.MANIFEST).exists()
+                assert store.latest_checkpoint(tmp_path / "killed") == tmp_path / "killed" / store.step_dir_name(4)
+                os.kill(int(line.split()[-1]), signal.SIGKILL)
+        assert job.wait(timeout=240) == 0, "".join(output)[-4000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    text = "".join(output)
+    assert "removing uncommitted checkpoint" in text and store.step_dir_name(8) + store.TMP_SUFFIX in text
+    assert f"resumed from {tmp_path / 'killed' / store.step_dir_name(4)}: step 4" in text
+    assert "torchrun restart count 1" in text
+
+    ref, got = final_model(tmp_path / "reference", tmp_path), final_model(tmp_path / "killed", tmp_path)
+    assert ref.keys() == got.keys()
+    worst = max((ref[k].float() - got[k].float()).abs().max().item() for k in ref)
+    assert worst <= 1e-6, f"max |delta| {worst}"
+    assert steps_taken(killed_log) == steps_taken(reference_log)
+    taken = [i for samples in steps_taken(killed_log).values() for i in samples]
+    assert taken == global_stream(12 * 2 * MICRO), "a sample was skipped or repeated"
+
+
+def test_sigterm_commits_exits_preempted_and_resumes_at_one_rank(tmp_path):
+    steps, sample_log = 40, tmp_path / "samples.jsonl"
+    cfg = write_config(tmp_path, "ckpt", steps, "fsdp")
+    root, port = tmp_path / "ckpt", str(free_port())
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "brain_trainer", "--config", str(cfg)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
+            env=env(sample_log, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, BRAIN_TERMINATION_LOG=str(tmp_path / f"term{r}")),
+        )
+        for r in range(2)
+    ]
+    try:
+        while not (root / store.step_dir_name(4)).is_dir():  # committed: the folder has its final name
+            assert all(w.poll() is None for w in workers), "a worker ended before the first checkpoint"
+            time.sleep(0.05)
+        workers[1].send_signal(signal.SIGTERM)
+        codes = [w.wait(timeout=120) for w in workers]
+        outputs = [w.stdout.read() for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    assert codes == [exitcodes.PREEMPTED] * 2, outputs[0][-3000:]
+    assert all((tmp_path / f"term{r}").read_text() == exitcodes.PREEMPTED_MESSAGE for r in range(2))
+    latest = store.latest_checkpoint(root)
+    stopped = store.read_manifest(latest)["step"]
+    assert 4 < stopped < steps and store.read_manifest(latest)["sample_index"] == stopped * 2 * MICRO
+    assert f"SIGTERM: saving step {stopped} before exiting with code {exitcodes.PREEMPTED}" in outputs[0]
+    assert sorted(steps_taken(sample_log)) == list(range(1, stopped + 1))
+
+    proc = run([sys.executable, "-m", "brain_trainer", "--config", str(cfg)], tmp_path / "resumed.out",
+               env=env(sample_log))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"step {stopped}, global sample index {stopped * 2 * MICRO}, saved at world size 2, now 1" in proc.stdout
+    taken = steps_taken(sample_log)
+    assert sorted(taken) == list(range(1, steps + 1))
+    assert [i for samples in taken.values() for i in samples] == global_stream(steps * 2 * MICRO)

@@ -1,0 +1,187 @@
+"""The memory planner: hand-checkable byte counts, strategy choice, auto resolution, torch-freedom."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from brain_trainer import ConfigError, TrainerConfig
+from brain_trainer.memory import (
+    GIB,
+    InsufficientMemoryError,
+    StrategyChoice,
+    activation_bytes,
+    activation_units,
+    choose_strategy,
+    plan_memory,
+    resolve_distributed,
+    strategy_ladder,
+)
+from brain_trainer.presets import MODEL_PRESETS, param_count, wrap_unit_params
+
+GB = 10**9
+MINIMAL = MODEL_PRESETS["minimal"]
+P = param_count(MINIMAL)
+U = max(wrap_unit_params(MINIMAL))
+
+
+def test_planner_presets_and_config_do_not_import_torch():
+    code = (
+        "import sys\n"
+        "import brain_trainer, brain_trainer.config, brain_trainer.presets, brain_trainer.memory\n"
+        "brain_trainer.memory.choose_strategy('7b', world_size=8, device_memory_bytes=80 * 10**9)\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_model_states_per_strategy_by_hand():
+    def states(strategy, **kw):
+        plan = plan_memory("minimal", strategy, micro_batch_size=2, seq_len=3, **kw)
+        assert plan.total == plan.parameters + plan.gradients + plan.optimizer_state + plan.activations + plan.overhead
+        return plan.parameters, plan.gradients, plan.optimizer_state, plan.host
+
+    assert states("single") == (4 * P, 4 * P, 8 * P, 0)
+    assert states("ddp", world_size=4) == (4 * P, 4 * P, 8 * P, 0)
+    assert states("fsdp", fsdp_sharding="no_shard", world_size=4) == (4 * P, 4 * P, 8 * P, 0)
+    # 16-bit parameters: the optimizer adds fp32 master weights to its two moments
+    assert states("ddp", world_size=4, precision="bf16") == (2 * P, 2 * P, 12 * P, 0)
+    assert states("fsdp", fsdp_sharding="shard_grad_op", world_size=4, precision="bf16") == (2 * P, 2 * P // 4, 12 * P // 4, 0)
+    full = (2 * P // 4 + 2 * 2 * U, 2 * P // 4 + 2 * U, 12 * P // 4, 0)
+    assert states("fsdp", world_size=4, precision="bf16") == full
+    assert states("fsdp", fsdp_sharding="hybrid_shard", node_size=4, world_size=16, precision="bf16") == full
+    offloaded = (2 * 2 * U, 2 * U, 0, 2 * P // 4 + 2 * P // 4 + 12 * P // 4)
+    assert states("fsdp", world_size=4, precision="bf16", cpu_offload=True) == offloaded
+
+
+def test_seven_billion_parameters_need_about_112_gb_per_rank_in_ddp():
+    plan = plan_memory("7b", "ddp", world_size=8, precision="bf16")
+    assert 110 * GB < plan.parameters + plan.gradients + plan.optimizer_state < 114 * GB
+
+
+def test_activations_by_hand_and_with_checkpointing():
+    d, mlp = MINIMAL.d_model, 4 * MINIMAL.ffn_hidden / MINIMAL.d_model
+    blocks = {"snn": 4 + 3 * MINIMAL.snn_steps, "htm": 20, "workspace": 5, "reasoning": 10 + mlp, "decision": 3 + mlp}
+    full = 8 + blocks["snn"] + blocks["htm"] + blocks["workspace"] + 2 * blocks["reasoning"] + blocks["decision"]
+    assert activation_units(MINIMAL, checkpointing=False) == pytest.approx(full)
+    assert activation_units(MINIMAL, checkpointing=True) == pytest.approx(8 + 6 + blocks["reasoning"])
+    expected = 2 * 3 * (full * d * 2 + 2 * 256 * 4)
+    assert activation_bytes(MINIMAL, "bf16", 2, 3, checkpointing=False) == int(expected)
+    assert plan_memory("minimal", "ddp", world_size=2, precision="bf16", micro_batch_size=2, seq_len=3).activations == int(expected)
+
+
+def test_activation_estimate_matches_tensors_saved_by_the_real_model():
+    import torch
+    import torch.nn.functional as F
+
+    from brain_trainer.model import BrainAI
+
+    torch.manual_seed(0)
+    model = BrainAI.from_preset("minimal")
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    tokens = torch.randint(0, 256, (4, 96))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(tokens)
+        F.cross_entropy(logits.reshape(-1, 256), tokens.reshape(-1))
+    measured = sum(saved.values()) + logits.nbytes
+    estimate = activation_bytes(MINIMAL, "fp32", 4, 96, checkpointing=False)
+    assert abs(estimate - measured) <= 0.1 * measured, (estimate, measured)
+
+
+def test_seven_b_on_8_ranks_of_40_gb_fits_full_shard_not_ddp():
+    settings = dict(world_size=8, precision="bf16", micro_batch_size=1, seq_len=2048)
+    assert not plan_memory("7b", "ddp", **settings).fits(40 * GB)
+    assert plan_memory("7b", "fsdp", fsdp_sharding="full_shard", **settings).fits(40 * GB)
+    choice, plan = choose_strategy("7b", device_memory_bytes=40 * GB, **settings)
+    assert choice == StrategyChoice("fsdp", "full_shard") and plan.fits(40 * GB)
+
+
+def test_seven_b_on_8_ranks_of_80_gb_picks_full_shard():
+    settings = dict(world_size=8, precision="fp32", micro_batch_size=1, seq_len=4096)
+    assert not plan_memory("7b", "ddp", **settings).fits(80 * GB)
+    assert not plan_memory("7b", "fsdp", fsdp_sharding="shard_grad_op", **settings).fits(80 * GB)
+    choice, _ = choose_strategy("7b", device_memory_bytes=80 * GB, **settings)
+    assert choice == StrategyChoice("fsdp", "full_shard")
+    # long sequences in bf16: only checkpointing brings the activations down
+    choice, _ = choose_strategy("7b", device_memory_bytes=80 * GB, world_size=8, precision="bf16", micro_batch_size=4, seq_len=4096)
+    assert choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing=True)
+
+
+def test_choice_walks_down_the_ladder_as_memory_shrinks():
+    settings = dict(world_size=8, precision="bf16", micro_batch_size=2, seq_len=4096)
+    ladder = strategy_ladder(8)
+    totals = [
+        plan_memory("7b", c.strategy, fsdp_sharding=c.fsdp_sharding, activation_checkpointing=c.activation_checkpointing,
+                    cpu_offload=c.cpu_offload, **settings).total
+        for c in ladder
+    ]
+    assert totals == sorted(totals, reverse=True)  # every step down the ladder saves memory here
+    for option, total in zip(ladder, totals):
+        choice, plan = choose_strategy("7b", device_memory_bytes=total, **settings)
+        assert choice == option and plan.total == total
+    assert choose_strategy("minimal", device_memory_bytes=GIB * 2, world_size=1)[0] == StrategyChoice("single")
+
+
+def test_nothing_fits_says_how_much_is_missing():
+    with pytest.raises(InsufficientMemoryError) as err:
+        choose_strategy("7b", world_size=2, device_memory_bytes=16 * GIB, precision="bf16", micro_batch_size=8, seq_len=4096)
+    smallest = err.value.plan
+    assert smallest.choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing=True, cpu_offload=True)
+    assert err.value.missing_bytes == smallest.total - 16 * GIB > 0
+    assert isinstance(err.value, ConfigError) and err.value.errors[0].path == "distributed.strategy"
+    assert f"{err.value.missing_bytes / GIB:.1f} GiB per rank missing" in str(err.value)
+
+
+def test_requested_checkpointing_and_offload_stay_on():
+    ladder = strategy_ladder(4, activation_checkpointing=True, cpu_offload=True)
+    assert ladder == [StrategyChoice("fsdp", "full_shard", activation_checkpointing=True, cpu_offload=True)]
+    assert all(c.activation_checkpointing for c in strategy_ladder(4, activation_checkpointing=True))
+
+
+def test_bad_planner_inputs_name_the_field():
+    cases = [
+        (dict(strategy="auto"), "distributed.strategy"),
+        (dict(strategy="single", world_size=2), "distributed.strategy"),
+        (dict(strategy="ddp", cpu_offload=True, world_size=2), "distributed.cpu_offload"),
+        (dict(strategy="fsdp", fsdp_sharding="hybrid_shard", world_size=6, node_size=4), "node_size"),
+        (dict(strategy="fsdp", precision="fp8"), "distributed.mixed_precision_policy"),
+        (dict(strategy="ddp", micro_batch_size=0), "training.micro_batch_size"),
+    ]
+    for kwargs, path in cases:
+        with pytest.raises(ConfigError) as err:
+            plan_memory("minimal", **kwargs)
+        assert [e.path for e in err.value.errors] == [path], kwargs
+
+
+def _config(**distributed) -> TrainerConfig:
+    cfg = TrainerConfig.from_dict({"model": {"preset": "7b"}, "training": {"micro_batch_size": 1, "seq_len": 2048}})
+    return replace(cfg, distributed=replace(cfg.distributed, mixed_precision_policy="bf16", **distributed))
+
+
+def test_resolve_distributed_makes_auto_concrete():
+    fixed = _config(strategy="fsdp", fsdp_sharding="hybrid_shard")
+    assert resolve_distributed(fixed, 8, 40 * GB) is fixed.distributed
+    auto = _config()
+    assert auto.distributed.strategy == "auto"
+    assert resolve_distributed(auto, 1, 80 * GB).strategy == "single"
+    assert resolve_distributed(auto, 8, None).strategy == "ddp"
+    custom = replace(auto, model=replace(auto.model, entrypoint="pkg.mod:make"))
+    assert resolve_distributed(custom, 8, 40 * GB).strategy == "ddp"
+    resolved = resolve_distributed(auto, 8, 40 * GB)
+    assert (resolved.strategy, resolved.fsdp_sharding, resolved.activation_checkpointing) == ("fsdp", "full_shard", False)
+    assert resolved.mixed_precision_policy == "bf16" and resolved.master_port == auto.distributed.master_port
+    small = resolve_distributed(replace(auto, model=replace(auto.model, preset="minimal")), 2, 40 * GB)
+    assert small.strategy == "ddp"
+    with pytest.raises(InsufficientMemoryError):
+        resolve_distributed(auto, 2, 2 * GIB)
