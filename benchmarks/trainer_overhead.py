@@ -1,6 +1,6 @@
 """brain_trainer's loop against a plain DDP loop: same model, data and steps on 2 gloo ranks.
 
-    .venv/bin/python benchmarks/trainer_overhead.py [--steps 60] [--repeats 3]
+    .venv/bin/python benchmarks/trainer_overhead.py [--steps 60] [--repeats 6]
 
 Prints tokens/s of each (median over alternating repeats) and their ratio
 (target >= 0.97). "checkpoints on" keeps checkpointing enabled with only the
@@ -75,13 +75,18 @@ def _rank(rank: int, port: int, steps: int, repeats: int, queue) -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    results: dict[str, list[float]] = {"plain DDP loop": [], "brain_trainer": [], "brain_trainer, checkpoints on": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(repeats):  # alternate, so drift in machine load hits every variant alike
-            results["plain DDP loop"].append(plain_ddp(job(steps, None), rank))
-            results["brain_trainer"].append(train(job(steps, None)).tokens_per_second)
-            ckpt_dir = os.path.join(tmp, f"run{i}")
-            results["brain_trainer, checkpoints on"].append(train(job(steps, ckpt_dir)).tokens_per_second)
+        variants = {
+            "plain DDP loop": lambda i: plain_ddp(job(steps, None), rank),
+            "brain_trainer": lambda i: train(job(steps, None)).tokens_per_second,
+            "brain_trainer, checkpoints on": lambda i: train(job(steps, os.path.join(tmp, f"run{i}"))).tokens_per_second,
+        }
+        names = list(variants)
+        results: dict[str, list[float]] = {name: [] for name in names}
+        for i in range(repeats):
+            # interleaved, each repeat in a rotated order: drift in machine load and warm-up hit every variant alike
+            for name in names[i % len(names):] + names[: i % len(names)]:
+                results[name].append(variants[name](i))
     dist.destroy_process_group()
     if rank == 0:
         queue.put(results)
@@ -90,7 +95,7 @@ def _rank(rank: int, port: int, steps: int, repeats: int, queue) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=6)
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,6 +9,7 @@ Tests use an in-memory implementation of the same protocol.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping, Optional, Protocol
@@ -120,10 +121,12 @@ class KubernetesClient:
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         meta = job["metadata"]
         now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # Named as client-go's recorder names events: the object's name and the time in hex nanoseconds.
+        event_name = f"{meta['name']}.{time.time_ns():x}"
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "metadata": {"name": event_name, "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"],
                 "namespace": meta["namespace"], "uid": meta.get("uid", ""),

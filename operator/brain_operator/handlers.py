@@ -5,7 +5,8 @@ Creation, resume after an operator restart, spec changes (including
 periodic resync all call `reconcile_job`, which re-reads the job and
 reconciles it under a per-job lock: pod events and job events arrive on
 different kopf workers, and a stale copy of the status must never be
-written back (restarts only grow).
+written back (restarts only grow). The resync also copies rank 0's
+progress document (step, loss, throughput, last checkpoint) into status.
 
 kopf keeps its bookkeeping in annotations under the `brain.ai/` prefix, not
 in `status`. There is no finalizer: children carry owner references and
@@ -15,26 +16,53 @@ are garbage-collected with the job.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
+import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import kopf
+from brain_trainer.config import METRICS_PORT
 
 from .cluster import ClusterClient, KubernetesClient
 from .metrics import OperatorMetrics
-from .reconcile import reconcile
+from .progress import changed, progress_status
+from .reconcile import POD, reconcile
 from .render.common import JOB_NAME_LABEL
-from .spec import GROUP, PLURAL, VERSION, OperatorDefaults
+from .spec import GROUP, PLURAL, VERSION, OperatorDefaults, parse_job
+from .status import RUNNING
 
 log = logging.getLogger(__name__)
 
 # How often every job is reconciled even when nothing happened: it enforces
 # activeDeadlineSeconds and ttlSecondsAfterFinished, and heals missed events.
 RESYNC_SECONDS = 30.0
+# A worker that does not answer in time is skipped until the next resync.
+PROGRESS_TIMEOUT_SECONDS = 2.0
+PROGRESS_PATH = "/progress"
+
+
+def fetch_json(url: str) -> Optional[dict[str, Any]]:
+    """GET a JSON object; None when the worker is unreachable or answers garbage."""
+    try:
+        with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:  # noqa: S310 - http to a pod IP
+            doc = json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def progress_urls(pods: Sequence[Mapping[str, Any]], port: int) -> list[str]:
+    """Where rank 0 may be serving: torchrun's rendezvous decides which pod holds it, so ask each running pod."""
+    return [
+        f"http://{pod['status']['podIP']}:{port}{PROGRESS_PATH}"
+        for pod in pods
+        if (pod.get("status") or {}).get("phase") == RUNNING and (pod.get("status") or {}).get("podIP")
+    ]
 
 
 def utc_now() -> datetime:
@@ -49,6 +77,7 @@ class Context:
     defaults: OperatorDefaults
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     clock: Callable[[], datetime] = utc_now
+    fetch: Callable[[str], Optional[dict[str, Any]]] = fetch_json
     _jobs: set[tuple[str, str]] = field(default_factory=set)
     _locks: defaultdict = field(default_factory=lambda: defaultdict(threading.Lock))
     _guard: threading.Lock = field(default_factory=threading.Lock)
@@ -79,6 +108,24 @@ def reconcile_job(context: Context, namespace: str, name: str) -> Optional[dict[
     return status
 
 
+def poll_progress(context: Context, namespace: str, name: str) -> None:
+    """Copy rank 0's progress document into status.progress and status.lastCheckpoint (elastic jobs that run)."""
+    with context.lock(namespace, name):
+        manifest = context.client.get_job(namespace, name)
+        status = (manifest or {}).get("status") or {}
+        if manifest is None or status.get("phase") != RUNNING:
+            return
+        job = parse_job(manifest, defaults=context.defaults)
+        if job.spec.backend != "elastic":
+            return
+        pods = context.client.list_children(*POD, namespace, name)
+        # The first worker that answers is rank 0's: the others serve nothing.
+        doc = next(filter(None, map(context.fetch, progress_urls(pods, METRICS_PORT))), None)
+        new = progress_status(doc, status, now=context.clock(), mount_path=job.spec.checkpoint.mount_path)
+        if changed(status, new):
+            context.client.patch_status(namespace, name, new)
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -94,12 +141,13 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> None:
-    """Reconcile every known job periodically (a kopf timer would add a finalizer to each job)."""
+    """Reconcile every known job and poll its progress periodically (a kopf timer would add a finalizer)."""
     while True:
         await asyncio.sleep(interval)
         for namespace, name in context.known_jobs():
             try:
                 await asyncio.to_thread(reconcile_job, context, namespace, name)
+                await asyncio.to_thread(poll_progress, context, namespace, name)
             except Exception:  # one broken job must not stop the others' resync
                 log.exception("resync of %s/%s failed", namespace, name)
 

@@ -246,7 +246,7 @@ def run_job(
     last = newest_committed(plan.checkpoint_dir)
     summary = RunSummary(
         status=status,
-        step=last.step if status == "Succeeded" and last else doc.get("step"),
+        step=max(last.step if last else 0, doc.get("step") or 0),
         total_steps=plan.total_steps,
         loss=doc.get("loss"),
         first_loss=runner.first_loss,

@@ -143,21 +143,28 @@ def test_every_kind_the_renderers_make_can_be_listed_and_created():
         for backend in ("elastic", "pytorchjob"):
             manifest = yaml.safe_load(example.read_text())
             manifest["spec"]["backend"] = backend
+            manifest["metadata"]["uid"] = "0f0e0d0c-0000-4000-8000-000000000001"  # as the API server sets it
             job = parse_job(manifest, defaults=OperatorDefaults(image="brain-train/trainer:dev"))
             rendered |= {(obj["apiVersion"].rpartition("/")[0], f"{obj['kind'].lower()}s") for obj in render(job)}
     assert ("", "pods") in rendered and ("kubeflow.org", "pytorchjobs") in rendered
     for key in rendered:
         _needs(key, "list", "create")
-    # Nothing granted for a kind the operator never makes (jobs and events aside).
-    made_or_served = rendered | {("brain.ai", "braintrainingjobs"), ("brain.ai", "braintrainingjobs/status"), ("", "events")}
+    # Nothing granted for a kind the operator never makes (jobs and events aside;
+    # finalizers because children's owner references block the owner's deletion).
+    assert any(ref.get("blockOwnerDeletion") for obj in render(job) for ref in obj["metadata"].get("ownerReferences", []))
+    made_or_served = rendered | {
+        ("brain.ai", "braintrainingjobs"), ("brain.ai", "braintrainingjobs/status"),
+        ("brain.ai", "braintrainingjobs/finalizers"), ("", "events"),
+    }
     assert set(NAMESPACED_GRANTS) == made_or_served
 
 
 def test_the_cluster_client_still_makes_only_the_calls_the_allow_list_covers():
     # get_job -> get jobs; list_children/create -> list/create children; delete -> delete pods;
-    # patch -> patch pytorchjobs; patch_status -> patch jobs/status. A new call needs a new grant.
+    # patch -> patch pytorchjobs; patch_status -> patch jobs/status; post_event -> create events.
+    # A new call needs a new grant.
     calls = {name for name in vars(ClusterClient) if not name.startswith("_")}
-    assert calls == {"get_job", "list_children", "create", "delete", "patch", "patch_status"}
+    assert calls == {"get_job", "list_children", "create", "delete", "patch", "patch_status", "post_event"}
     _needs(("brain.ai", "braintrainingjobs"), "get")
     _needs(("brain.ai", "braintrainingjobs/status"), "patch")
     _needs(("", "pods"), "delete")

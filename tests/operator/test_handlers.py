@@ -21,6 +21,8 @@ from fake_cluster import FakeCluster
 from brain_operator import handlers
 from brain_operator.cluster import KubernetesClient
 from brain_operator.spec import API_VERSION, KIND, PLURAL, OperatorDefaults
+from brain_trainer.config import METRICS_PORT
+from brain_trainer.metrics import MetricsServer
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 NS = "default"
@@ -100,6 +102,38 @@ def test_resync_reconciles_every_known_job_without_events():
     asyncio.run(scenario())
     status = cluster.get_job(NS, "demo")["status"]
     assert status["phase"] == "Failed" and cluster.pods() == {}
+
+
+def test_progress_is_read_from_whichever_pod_holds_rank_0():
+    server = MetricsServer(0, host="127.0.0.1")
+    cluster = FakeCluster()
+    # Every worker serves on the trainer's port in its own pod; here one local server stands for it.
+    ctx = context(cluster)
+    asked = []
+    ctx.fetch = lambda url: asked.append(url) or handlers.fetch_json(url.replace(f":{METRICS_PORT}/", f":{server.port}/"))
+    try:
+        server.publish({"step": 40, "total_steps": 200, "loss": 3.21, "tokens_per_second": 1234.5,
+                        "last_checkpoint_step": 25})
+        cluster.apply_job(manifest())
+        handlers.reconcile_job(ctx, NS, "demo")
+        cluster.set_pod("demo-worker-0", "Running", ready=True)  # no IP yet: skipped
+        cluster.set_pod("demo-worker-1", "Running", ready=True, podIP="127.0.0.1")
+        handlers.reconcile_job(ctx, NS, "demo")
+        handlers.poll_progress(ctx, NS, "demo")
+        status = cluster.get_job(NS, "demo")["status"]
+        assert asked == [f"http://127.0.0.1:{METRICS_PORT}/progress"]
+        assert status["progress"]["step"] == 40 and status["progress"]["totalSteps"] == 200
+        assert status["lastCheckpoint"] == {"step": 25, "path": "/checkpoints/step-00000025"}
+        assert status["phase"] == "Running"
+        writes = len(cluster.writes)
+        handlers.poll_progress(ctx, NS, "demo")
+        assert len(cluster.writes) == writes  # nothing new, nothing written
+    finally:
+        server.close()
+    # The worker is gone: the last known progress stands.
+    handlers.poll_progress(ctx, NS, "demo")
+    assert cluster.get_job(NS, "demo")["status"]["progress"]["step"] == 40
+    assert handlers.fetch_json("http://127.0.0.1:1/progress") is None
 
 
 def test_run_needs_a_scope():
@@ -182,7 +216,8 @@ async def operator_scenario(tmp_path, monkeypatch):
             worker = await first_event(km, pods, pod_named("demo-worker-1"))
             assert worker["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
             await first_event(km, pods, pod_named("demo-worker-0"))
-            job = await first_event(km, jobs, lambda o: (o.get("status") or {}).get("phase") == "Pending")
+            job = await first_event(km, jobs, lambda o: (o.get("status") or {}).get("phase") == "Pending"
+                                    and "brain.ai/last-handled-configuration" in o["metadata"].get("annotations", {}))
             # A worker fails: the pod event reaches reconcile, which replaces the pod and counts it.
             failed = {"status": {"phase": "Failed", "containerStatuses": [
                 {"name": "trainer", "state": {"terminated": {"exitCode": 1, "message": "boom"}}}]}}

@@ -49,7 +49,8 @@ def test_model_states_per_strategy_by_hand():
     assert states("fsdp", fsdp_sharding="no_shard", world_size=4) == (4 * P, 4 * P, 8 * P, 0)
     # 16-bit parameters: the optimizer adds fp32 master weights to its two moments
     assert states("ddp", world_size=4, precision="bf16") == (2 * P, 2 * P, 12 * P, 0)
-    assert states("fsdp", fsdp_sharding="shard_grad_op", world_size=4, precision="bf16") == (2 * P, 2 * P // 4, 12 * P // 4, 0)
+    zero2 = (2 * P, 2 * P // 4, 12 * P // 4, 0)
+    assert states("fsdp", fsdp_sharding="shard_grad_op", world_size=4, precision="bf16") == zero2
     full = (2 * P // 4 + 2 * 2 * U, 2 * P // 4 + 2 * U, 12 * P // 4, 0)
     assert states("fsdp", world_size=4, precision="bf16") == full
     assert states("fsdp", fsdp_sharding="hybrid_shard", node_size=4, world_size=16, precision="bf16") == full
@@ -64,13 +65,14 @@ def test_seven_billion_parameters_need_about_112_gb_per_rank_in_ddp():
 
 def test_activations_by_hand_and_with_checkpointing():
     d, mlp = MINIMAL.d_model, 4 * MINIMAL.ffn_hidden / MINIMAL.d_model
-    blocks = {"snn": 4 + 3 * MINIMAL.snn_steps, "htm": 20, "workspace": 5, "reasoning": 10 + mlp, "decision": 3 + mlp}
+    blocks = dict(snn=4 + 3 * MINIMAL.snn_steps, htm=20, workspace=5, reasoning=10 + mlp, decision=3 + mlp)
     full = 8 + blocks["snn"] + blocks["htm"] + blocks["workspace"] + 2 * blocks["reasoning"] + blocks["decision"]
     assert activation_units(MINIMAL, checkpointing=False) == pytest.approx(full)
     assert activation_units(MINIMAL, checkpointing=True) == pytest.approx(8 + 6 + blocks["reasoning"])
     expected = 2 * 3 * (full * d * 2 + 2 * 256 * 4)
     assert activation_bytes(MINIMAL, "bf16", 2, 3, checkpointing=False) == int(expected)
-    assert plan_memory("minimal", "ddp", world_size=2, precision="bf16", micro_batch_size=2, seq_len=3).activations == int(expected)
+    plan = plan_memory("minimal", "ddp", world_size=2, precision="bf16", micro_batch_size=2, seq_len=3)
+    assert plan.activations == int(expected)
 
 
 def test_activation_estimate_matches_tensors_saved_by_the_real_model():
@@ -114,7 +116,8 @@ def test_seven_b_on_8_ranks_of_80_gb_picks_full_shard():
     choice, _ = choose_strategy("7b", device_memory_bytes=80 * GB, **settings)
     assert choice == StrategyChoice("fsdp", "full_shard")
     # long sequences in bf16: only checkpointing brings the activations down
-    choice, _ = choose_strategy("7b", device_memory_bytes=80 * GB, world_size=8, precision="bf16", micro_batch_size=4, seq_len=4096)
+    long_bf16 = dict(world_size=8, precision="bf16", micro_batch_size=4, seq_len=4096)
+    choice, _ = choose_strategy("7b", device_memory_bytes=80 * GB, **long_bf16)
     assert choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing=True)
 
 
@@ -122,8 +125,14 @@ def test_choice_walks_down_the_ladder_as_memory_shrinks():
     settings = dict(world_size=8, precision="bf16", micro_batch_size=2, seq_len=4096)
     ladder = strategy_ladder(8)
     totals = [
-        plan_memory("7b", c.strategy, fsdp_sharding=c.fsdp_sharding, activation_checkpointing=c.activation_checkpointing,
-                    cpu_offload=c.cpu_offload, **settings).total
+        plan_memory(
+            "7b",
+            c.strategy,
+            fsdp_sharding=c.fsdp_sharding,
+            activation_checkpointing=c.activation_checkpointing,
+            cpu_offload=c.cpu_offload,
+            **settings,
+        ).total
         for c in ladder
     ]
     assert totals == sorted(totals, reverse=True)  # every step down the ladder saves memory here
@@ -135,7 +144,9 @@ def test_choice_walks_down_the_ladder_as_memory_shrinks():
 
 def test_nothing_fits_says_how_much_is_missing():
     with pytest.raises(InsufficientMemoryError) as err:
-        choose_strategy("7b", world_size=2, device_memory_bytes=16 * GIB, precision="bf16", micro_batch_size=8, seq_len=4096)
+        choose_strategy(
+            "7b", device_memory_bytes=16 * GIB, world_size=2, precision="bf16", micro_batch_size=8, seq_len=4096
+        )
     smallest = err.value.plan
     assert smallest.choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing=True, cpu_offload=True)
     assert err.value.missing_bytes == smallest.total - 16 * GIB > 0
@@ -179,7 +190,8 @@ def test_resolve_distributed_makes_auto_concrete():
     custom = replace(auto, model=replace(auto.model, entrypoint="pkg.mod:make"))
     assert resolve_distributed(custom, 8, 40 * GB).strategy == "ddp"
     resolved = resolve_distributed(auto, 8, 40 * GB)
-    assert (resolved.strategy, resolved.fsdp_sharding, resolved.activation_checkpointing) == ("fsdp", "full_shard", False)
+    assert resolved.strategy == "fsdp" and resolved.fsdp_sharding == "full_shard"
+    assert not resolved.activation_checkpointing and not resolved.cpu_offload
     assert resolved.mixed_precision_policy == "bf16" and resolved.master_port == auto.distributed.master_port
     small = resolve_distributed(replace(auto, model=replace(auto.model, preset="minimal")), 2, 40 * GB)
     assert small.strategy == "ddp"

@@ -192,23 +192,21 @@ def test_build_model_from_preset_and_entrypoint(tmp_path, monkeypatch):
         assert message in error.message and repr(value) in error.message
 
 
-def _ddp_two_steps(rank: int, world_size: int) -> list[float]:
+def _ddp_two_steps(rank: int, world_size: int) -> float:
     torch.manual_seed(0)
     model = DistributedDataParallel(BrainAI.from_preset("minimal"), find_unused_parameters=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own batch
-    for _ in range(2):  # DDP reports unused parameters on the step after they were missed
-        optimizer.zero_grad()
+    for _ in range(2):  # DDP reports parameters left without gradient on the step after
+        model.zero_grad()
         _lm_loss(model, torch.randint(0, 256, (2, 33), generator=data)).backward()
-        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         assert all(p.grad.abs().sum() > 0 for p in model.parameters())
-        optimizer.step()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     gathered = [torch.empty_like(grads) for _ in range(world_size)]
     dist.all_gather(gathered, grads)
     assert torch.equal(gathered[0], gathered[1]), "DDP gradients differ across ranks"
-    return [grads.norm().item(), torch.cat([p.detach().flatten() for p in model.parameters()]).sum().item()]
+    return grads.norm().item()
 
 
-def test_ddp_without_unused_parameter_search_trains_in_step():
+def test_ddp_without_unused_parameter_search_averages_gradients():
     rank0, rank1 = run_ranks(_ddp_two_steps, 2)
-    assert rank0 == rank1
+    assert rank0 == rank1 > 0

@@ -183,27 +183,31 @@ def _check_inputs(
     cpu_offload: bool,
     node_size: Optional[int],
 ) -> None:
-    errors = []
-    if strategy not in PLAN_STRATEGIES:
-        errors.append(FieldError("distributed.strategy", f"must be one of {', '.join(PLAN_STRATEGIES)}; got {strategy!r}"))
-    if fsdp_sharding not in FSDP_SHARDING:
-        errors.append(FieldError("distributed.fsdp_sharding", f"must be one of {', '.join(FSDP_SHARDING)}; got {fsdp_sharding!r}"))
-    if precision not in PRECISIONS:
-        errors.append(FieldError("distributed.mixed_precision_policy", f"must be one of {', '.join(PRECISIONS)}; got {precision!r}"))
-    for path, value in (("training.micro_batch_size", micro_batch_size), ("training.seq_len", seq_len), ("world_size", world_size)):
-        if value < 1:
-            errors.append(FieldError(path, f"must be >= 1, got {value}"))
+    errors = [
+        FieldError(path, f"must be one of {', '.join(choices)}; got {value!r}")
+        for path, value, choices in (
+            ("distributed.strategy", strategy, PLAN_STRATEGIES),
+            ("distributed.fsdp_sharding", fsdp_sharding, FSDP_SHARDING),
+            ("distributed.mixed_precision_policy", precision, PRECISIONS),
+        )
+        if value not in choices
+    ]
+    counts = (
+        ("training.micro_batch_size", micro_batch_size),
+        ("training.seq_len", seq_len),
+        ("world_size", world_size),
+    )
+    errors += [FieldError(path, f"must be >= 1, got {value}") for path, value in counts if value < 1]
     if strategy == "single" and world_size != 1:
         errors.append(FieldError("distributed.strategy", f"single needs world size 1, got {world_size}"))
     if cpu_offload and (strategy != "fsdp" or fsdp_sharding not in OFFLOAD_SHARDING):
-        errors.append(
-            FieldError("distributed.cpu_offload", f"is planned for fsdp {' or '.join(OFFLOAD_SHARDING)} only, got {strategy} {fsdp_sharding}")
-        )
-    if strategy == "fsdp" and fsdp_sharding == "hybrid_shard":
-        if node_size is None or node_size < 1 or world_size % node_size:
-            errors.append(
-                FieldError("node_size", f"hybrid_shard needs ranks per node dividing world size {world_size}, got {node_size}")
-            )
+        planned = " or ".join(OFFLOAD_SHARDING)
+        message = f"is planned for fsdp {planned} only, got {strategy} {fsdp_sharding}"
+        errors.append(FieldError("distributed.cpu_offload", message))
+    hybrid = strategy == "fsdp" and fsdp_sharding == "hybrid_shard"
+    if hybrid and (not node_size or node_size < 1 or world_size % node_size):
+        message = f"hybrid_shard needs ranks per node dividing world size {world_size}, got {node_size}"
+        errors.append(FieldError("node_size", message))
     if errors:
         raise ConfigError(errors)
 
@@ -263,7 +267,9 @@ def plan_memory(
     )
 
 
-def strategy_ladder(world_size: int, activation_checkpointing: bool = False, cpu_offload: bool = False) -> list[StrategyChoice]:
+def strategy_ladder(
+    world_size: int, activation_checkpointing: bool = False, cpu_offload: bool = False
+) -> list[StrategyChoice]:
     """The options `choose_strategy` tries, cheapest (least communication and recompute) first.
 
     Flags already requested by the user stay on in every option; options

@@ -29,7 +29,9 @@ class BrainAIConfig:
     conv_kernel: int = setting(4, minimum=1, help="taps of the encoder's causal depthwise convolution")
     snn_blocks: int = setting(1, minimum=1, help="spiking blocks in snn_core")
     snn_steps: int = setting(4, minimum=1, help="integrate-and-fire simulation steps per token")
-    snn_surrogate_slope: float = setting(5.0, minimum=0, exclusive_minimum=True, help="sharpness of the spike surrogate gradient")
+    snn_surrogate_slope: float = setting(
+        5.0, minimum=0, exclusive_minimum=True, help="sharpness of the spike surrogate gradient"
+    )
     htm_blocks: int = setting(1, minimum=1, help="gated linear recurrence blocks in htm")
     workspace_blocks: int = setting(1, minimum=1, help="slot-attention blocks in workspace")
     n_slots: int = setting(16, minimum=1, help="learned workspace slots")
@@ -124,7 +126,7 @@ def module_param_counts(cfg: BrainAIConfig) -> dict[str, int]:
 
 
 def wrap_unit_params(cfg: BrainAIConfig) -> list[int]:
-    """Parameters of each FSDP wrap unit (BrainAI.wrap_units order, stacks' blocks only: the stacks hold no own parameters)."""
+    """Parameters of each FSDP wrap unit in BrainAI.wrap_units() order, leaving out the stacks (they own none)."""
     counts = module_param_counts(cfg)
     blocks = {name: getattr(cfg, attr) for name, attr in STACKS.items()}
     units: list[int] = []

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.amp import GradScaler
 from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import Dataset
 
 from .accumulation import GradientAccumulator
 from .checkpoint import CheckpointManager, SampleLog, TrainState
@@ -155,7 +156,7 @@ def train(cfg: TrainerConfig) -> TrainResult:
             dist.destroy_process_group()
 
 
-def _run(cfg: TrainerConfig, dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter) -> TrainResult:
+def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter) -> TrainResult:
     training = cfg.training
     dist_cfg = resolve_strategy(cfg, world_size, device)
     accumulation = cfg.accumulation_steps(world_size)
@@ -170,7 +171,7 @@ def _run(cfg: TrainerConfig, dataset, rank: int, world_size: int, device: torch.
         param_groups(model, training.weight_decay),
         lr=peak_learning_rate(training, global_batch),
         betas=ADAMW_BETAS,
-        fused=device.type == "cuda" or None,
+        fused=True if device.type == "cuda" else None,  # one kernel for all parameters on GPU
     )
     scheduler = LambdaLR(optimizer, WarmupCosine.from_config(training))
     fp16_cuda = dist_cfg.mixed_precision_policy == "fp16" and device.type == "cuda"
