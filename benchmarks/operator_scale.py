@@ -26,6 +26,7 @@ from brain_operator.render import render  # noqa: E402
 from brain_operator.spec import API_VERSION, KIND, parse_job  # noqa: E402
 
 NODES = 16
+STAGE_JOBS = 200
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 
 
@@ -98,23 +99,23 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
     args = parser.parse_args()
     print(f"jobs of {NODES} nodes each, elastic backend, in-memory cluster client")
+    split = stages(STAGE_JOBS)
+    total = sum(split.values())
+    print(f"one steady pass over {STAGE_JOBS} jobs, by stage:")
+    for stage, seconds in split.items():
+        print(f"  {stage:<26} {1e3 * seconds / STAGE_JOBS:6.3f} ms/job  {100 * seconds / total:5.1f}%")
     print(f"{'jobs':>7} {'objects':>8} {'create jobs/s':>14} {'objects/s':>10} {'ms/job':>7} "
           f"{'steady jobs/s':>14} {'ms/job':>7}")
-    results = [fleet(n) for n in args.sizes]
-    for r in results:
+    base = None
+    for n in args.sizes:
+        r = fleet(n)
         print(f"{r['jobs']:>7} {r['objects']:>8} {r['jobs'] / r['create_s']:>14.0f} "
               f"{r['objects'] / r['create_s']:>10.0f} {1e3 * r['create_s'] / r['jobs']:>7.2f} "
-              f"{r['jobs'] / r['steady_s']:>14.0f} {1e3 * r['steady_s'] / r['jobs']:>7.2f}")
-    base = results[0]
-    for r in results[1:]:
-        ratio = (r["create_s"] / r["jobs"]) / (base["create_s"] / base["jobs"])
-        print(f"cost per job at {r['jobs']} jobs / at {base['jobs']} jobs: {ratio:.2f} (1.00 = linear)")
-    n = 1000
-    split = stages(n)
-    total = sum(split.values())
-    print(f"one steady pass over {n} jobs, by stage:")
-    for stage, seconds in split.items():
-        print(f"  {stage:<26} {1e3 * seconds / n:6.3f} ms/job  {100 * seconds / total:5.1f}%")
+              f"{r['jobs'] / r['steady_s']:>14.0f} {1e3 * r['steady_s'] / r['jobs']:>7.2f}", flush=True)
+        base = base or r
+        if r is not base:
+            ratio = (r["create_s"] / r["jobs"]) / (base["create_s"] / base["jobs"])
+            print(f"        cost per job at {r['jobs']} jobs / at {base['jobs']} jobs: {ratio:.2f} (1.00 = linear)", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
 
 from .events import Event
-
 from .render.common import JOB_NAME_LABEL
 from .spec import API_VERSION, KIND
+from .status import format_time
 
 MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "brain-operator"
@@ -120,7 +120,7 @@ class KubernetesClient:
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         meta = job["metadata"]
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = format_time(datetime.now(timezone.utc))
         # Named as client-go's recorder names events: the object's name and the time in hex nanoseconds.
         event_name = f"{meta['name']}.{time.time_ns():x}"
         body = {

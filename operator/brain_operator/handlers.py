@@ -132,6 +132,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
+    # `kubectl describe btj` shows the operator's own events; kopf's "handler succeeded" only when it goes wrong.
+    settings.posting.level = logging.WARNING
     memo.resync = asyncio.create_task(resync_forever(memo.context))
 
 

@@ -12,9 +12,11 @@ as SIGTERM: the trainers commit a checkpoint and exit.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import queue
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TextIO
 
 from brain_trainer.exitcodes import PREEMPTED
+from brain_trainer.progress import PROGRESS_FILE_ENV
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
 from .local_plan import LocalPlan, LocalRunError, localize_manifest, plan_local, process_env
@@ -42,6 +45,8 @@ POLL_SECONDS = 0.2
 # How long the trainers get to commit a checkpoint after SIGTERM before the
 # runner kills them (torchrun gives its workers 30 s).
 STOP_GRACE_SECONDS = 60.0
+# prctl(2) option: orphaned descendants are re-parented to this process.
+PR_SET_CHILD_SUBREAPER = 36
 
 Lines = "queue.Queue[tuple[str, str]]"
 
@@ -71,16 +76,50 @@ def planner(manifest: Mapping[str, Any], *, base_dir: Path, workdir: Optional[Pa
     )
 
 
+def become_subreaper() -> bool:
+    """On Linux, adopt orphaned descendants (PR_SET_CHILD_SUBREAPER), as a container's init does.
+
+    torchrun starts each trainer in its own session, so a torchrun agent that
+    dies abruptly leaves its trainers behind; adopted, the runner can end them.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _adopted(agents: set[int], marker: bytes) -> list[int]:
+    """Children of this process, other than the agents, whose environment carries `marker`:
+    the trainers of this job orphaned by a dead agent."""
+    found = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            found += [int(pid) for pid in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    mine = []
+    for pid in found:
+        try:
+            if pid not in agents and marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                mine.append(pid)
+        except OSError:
+            continue
+    return mine
+
+
 class _Group:
     """One attempt: a torchrun agent per worker pod, each its own session (like a container)."""
 
     def __init__(self, plan: LocalPlan, lines: Lines):
-        self.names = [w.name for w in plan.workers]
+        self.marker = f"{PROGRESS_FILE_ENV}={plan.progress_file}".encode()
+        self.scratch = [folder for worker in plan.workers for folder in worker.scratch_dirs]
+        for folder in self.scratch:
+            # An emptyDir starts empty with every pod.
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
         self.procs: list[subprocess.Popen] = []
         self.readers: list[threading.Thread] = []
         for worker in plan.workers:
-            for folder in worker.scratch_dirs:
-                folder.mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(
                 worker.argv,
                 env=process_env(os.environ, worker),
@@ -107,16 +146,26 @@ class _Group:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    def kill(self) -> None:
-        """SIGKILL whatever is left of every pod, agents and trainers alike."""
+    def kill(self, adopting: bool) -> None:
+        """SIGKILL whatever is left of every pod, agents and trainers alike, then free the scratch folders."""
         for p in self.procs:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        for p, reader in zip(self.procs, self.readers):
             p.wait()
+        agents = {p.pid for p in self.procs}
+        while adopting and (orphans := _adopted(agents, self.marker)):
+            for pid in orphans:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.waitpid(pid, 0)
+        for reader in self.readers:
             reader.join()
+        for folder in self.scratch:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _pump(name: str, proc: subprocess.Popen, lines: Lines) -> None:
@@ -132,14 +181,16 @@ class _Runner:
         self.display = display
         self.lines: Lines = queue.Queue()
         self.stop_signal: Optional[int] = None
+        self.hurry = False
         self.wake = threading.Event()
+        self.adopting = become_subreaper()
         # The first loss this run saw, so the summary shows that it fell.
         self.first_loss: Optional[float] = None
 
     def request_stop(self, signum: int, _frame: object = None) -> None:
-        if self.stop_signal is not None:
-            raise KeyboardInterrupt  # asked twice: do not wait for the checkpoint
-        self.stop_signal = signum
+        # A second Ctrl-C: stop waiting for the checkpoint.
+        self.hurry = self.stop_signal is not None
+        self.stop_signal = self.stop_signal or signum
         self.wake.set()
 
     def _refresh(self) -> None:
@@ -150,27 +201,35 @@ class _Runner:
             self.first_loss = doc.get("loss")
         self.display.update(doc)
 
-    def _attempt(self, plan: LocalPlan) -> list[Optional[int]]:
-        """Run one group until every agent exited, one failed, or a stop finished."""
+    def _attempt(self, plan: LocalPlan) -> Optional[tuple[str, int]]:
+        """Run one group to its end: None when every pod succeeded, else the first failed pod and its code.
+
+        A failed pod or a stop request ends the others as Kubernetes deletes
+        pods: SIGTERM (the trainers commit a checkpoint if they can), a grace
+        period, then SIGKILL.
+        """
         group = _Group(plan, self.lines)
-        stopping_since: Optional[float] = None
+        failure: Optional[tuple[str, int]] = None
+        ending_since: Optional[float] = None
         try:
             while True:
                 self._refresh()
                 codes = group.codes()
-                if self.stop_signal is not None and stopping_since is None:
-                    stopping_since = time.monotonic()
-                    self.display.note("stopping: the trainers commit a checkpoint first")
+                if failure is None:
+                    failure = next(((w.name, c) for w, c in zip(plan.workers, codes) if c not in (None, 0)), None)
+                if ending_since is None and (failure is not None or self.stop_signal is not None):
+                    ending_since = time.monotonic()
+                    if self.stop_signal is not None:
+                        self.display.note("stopping: the trainers commit a checkpoint first")
                     group.terminate()
                 if all(c is not None for c in codes):
-                    return codes
-                if stopping_since is None and any(c not in (None, 0) for c in codes):
-                    return codes
-                if stopping_since is not None and time.monotonic() - stopping_since > STOP_GRACE_SECONDS:
-                    return codes
+                    return failure
+                if ending_since is not None and (self.hurry or time.monotonic() - ending_since > STOP_GRACE_SECONDS):
+                    return failure
                 self.wake.wait(POLL_SECONDS)
+                self.wake.clear()
         finally:
-            group.kill()
+            group.kill(self.adopting)
             self._refresh()
 
     def run(self) -> tuple[str, int, str]:
@@ -178,13 +237,12 @@ class _Runner:
         restarts = failures = 0
         plan = self.plan
         while True:
-            codes = self._attempt(plan)
+            failure = self._attempt(plan)
             if self.stop_signal is not None:
                 return "Stopped", restarts, f"{signal.Signals(self.stop_signal).name}; rerun to continue"
-            failed = [(w.name, c) for w, c in zip(plan.workers, codes) if c not in (None, 0)]
-            if not failed:
+            if failure is None:
                 return "Succeeded", restarts, ""
-            name, code = failed[0]
+            name, code = failure
             failures += code != PREEMPTED
             if failures > plan.backoff_limit:
                 return "Failed", restarts, f"{name} exited with {code}; backoffLimit {plan.backoff_limit} spent"

@@ -99,7 +99,8 @@ def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[
 def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime) -> Plan:
     """An invalid spec: no child is touched; the status names every bad field."""
     previous = manifest.get("status") or {}
-    generation = int((manifest.get("metadata") or {}).get("generation") or 0)
+    generation = (manifest.get("metadata") or {}).get("generation")
+    generation = generation if isinstance(generation, int) else 0
     status = invalid_status(previous, generation, "; ".join(str(e) for e in err.errors), now)
     return Plan(status=status, status_patch=status_patch(previous, status), events=tuple(compute_events(previous, status, [])))
 

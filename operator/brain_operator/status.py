@@ -182,8 +182,13 @@ def elastic_status(previous: Mapping[str, Any], seen: Observation, now: datetime
 
 
 def invalid_status(previous: Mapping[str, Any], generation: int, message: str, now: datetime) -> dict[str, Any]:
-    """An invalid spec: Failed with Valid=False naming every bad field; nothing else changes."""
+    """An invalid spec: Failed with Valid=False naming every bad field; nothing else changes.
+
+    A finished job stays finished whatever its spec becomes.
+    """
     out = _base(previous, generation)
+    if is_terminal(previous):
+        return out
     out.update(
         phase=FAILED,
         conditions=_conditions(previous, FAILED, INVALID_SPEC, message, now, valid=(False, INVALID_SPEC, message)),

@@ -107,6 +107,8 @@ def test_success_sets_completion_time_and_is_sticky():
     later = elastic_status(done, seen([], failure=Failure("X", "y")), T1 + timedelta(hours=1))
     assert later["phase"] == "Succeeded" and later["conditions"] == done["conditions"]
     assert later["completionTime"] == done["completionTime"] and later["workers"]["succeeded"] == 0
+    edited = invalid_status(done, 2, "spec.nodes: must be >= 1, got 0", T1)
+    assert edited == {**done, "observedGeneration": 2}
 
 
 def test_failure_is_sticky_and_restarts_never_shrink():

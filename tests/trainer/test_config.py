@@ -133,3 +133,10 @@ def test_camel_case_paths_schema_and_round_trip():
 def test_config_modules_do_not_import_torch():
     code = "import sys, brain_trainer, brain_trainer.config, brain_trainer.exitcodes; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sequence_longer_than_the_preset_accepts_is_a_config_error():
+    errs = errors_of({"training": {"seq_len": 100000}})
+    assert errs == ["training.seq_len: must be <= 512 (the minimal preset's max_seq_len), got 100000"]
+    # A user model decides for itself.
+    TrainerConfig.from_dict({"training": {"seq_len": 100000}, "model": {"entrypoint": "pkg.mod:build"}})

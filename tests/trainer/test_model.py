@@ -105,9 +105,7 @@ def test_wrap_units_run_in_forward_order_and_cover_every_parameter():
     owned = [id(p) for u in leaves for p in u.parameters()]
     assert sorted(owned) == sorted(id(p) for p in model.parameters())
     assert [sum(p.numel() for p in u.parameters()) for u in leaves] == wrap_unit_params(model.cfg)
-    blocks = model.checkpoint_units()
-    assert blocks == [u for u in leaves if u not in (model.encoders, model.meta, model.heads)]
-    assert len(blocks) == sum(len(getattr(model, name).blocks) for name in STACKS)
+    assert len(leaves) == 3 + sum(len(getattr(model, name).blocks) for name in STACKS)
 
 
 def test_sequence_longer_than_max_seq_len_is_refused():

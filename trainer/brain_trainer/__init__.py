@@ -9,6 +9,8 @@ from importlib import import_module
 from typing import Any
 
 from .config import DistributedConfig, TrainerConfig, load_config
+from .memory import choose_strategy, plan_memory, resolve_distributed
+from .presets import MODEL_PRESETS, BrainAIConfig, param_count
 from .schema import ConfigError
 
 __version__ = "0.1.0"
@@ -16,6 +18,7 @@ __version__ = "0.1.0"
 # name -> submodule that defines it (imported on first access; these need torch)
 _LAZY = {
     "BrainAI": "model",
+    "build_model": "model",
     "DDPWrapper": "ddp",
     "FSDPWrapper": "fsdp",
     "GradientAccumulator": "accumulation",
@@ -23,7 +26,19 @@ _LAZY = {
     "RankAwareDataLoader": "data",
 }
 
-__all__ = ["ConfigError", "DistributedConfig", "TrainerConfig", "load_config", *_LAZY]
+__all__ = [
+    "BrainAIConfig",
+    "ConfigError",
+    "DistributedConfig",
+    "MODEL_PRESETS",
+    "TrainerConfig",
+    "choose_strategy",
+    "load_config",
+    "param_count",
+    "plan_memory",
+    "resolve_distributed",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -14,9 +14,10 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
+from .presets import MODEL_PRESETS
 from .schema import ConfigError, FieldError, from_dict, setting, to_dict
 
-PRESETS = ("minimal", "1b", "3b", "7b")
+PRESETS = tuple(MODEL_PRESETS)
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
 FSDP_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -163,6 +164,13 @@ class TrainerConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def check(self) -> Iterator[tuple[str, str]]:
+        if self.model.entrypoint is None:
+            longest = MODEL_PRESETS[self.model.preset].max_seq_len
+            if self.training.seq_len > longest:
+                yield (
+                    "training.seq_len",
+                    f"must be <= {longest} (the {self.model.preset} preset's max_seq_len), got {self.training.seq_len}",
+                )
         if self.training.global_batch_size is not None and self.distributed.gradient_accumulation_steps != 1:
             yield (
                 "distributed.gradient_accumulation_steps",

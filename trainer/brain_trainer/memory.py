@@ -135,7 +135,7 @@ def _model_name(model: BrainAIConfig | str) -> str:
 def activation_units(cfg: BrainAIConfig, checkpointing: bool) -> float:
     """Saved activations per token, in units of d_model elements.
 
-    Counted from what each block keeps for backward (a test measures them
+    Counted from what each wrap unit keeps for backward (a test measures them
     with saved-tensor hooks on the real model):
 
         encoders 1, meta 4, heads 3, and per block
@@ -143,8 +143,9 @@ def activation_units(cfg: BrainAIConfig, checkpointing: bool) -> float:
         reasoning 10 + 4 * ffn_hidden / d_model    decision 3 + 4 * ffn_hidden / d_model
 
     Attention is flash-style (scaled_dot_product_attention), so nothing grows
-    with seq_len squared. With checkpointing every stack block keeps only its
-    input (1 unit) and one block at a time is recomputed in full.
+    with seq_len squared. With checkpointing (FSDPWrapper wraps every leaf
+    wrap unit: each block, encoders, meta, heads) each unit keeps only its
+    input (1 unit) and one unit at a time is recomputed in full.
     """
     mlp = 4 * cfg.ffn_hidden / cfg.d_model
     per_block = {
@@ -154,11 +155,12 @@ def activation_units(cfg: BrainAIConfig, checkpointing: bool) -> float:
         "reasoning": 10 + mlp,
         "decision": 3 + mlp,
     }
-    unwrapped = 1 + 4 + 3  # encoders, meta, heads
-    blocks = {name: getattr(cfg, attr) for name, attr in STACKS.items()}
+    units = [1.0, 4.0, 3.0]  # encoders, meta, heads
+    for name, attr in STACKS.items():
+        units += [per_block[name]] * getattr(cfg, attr)
     if checkpointing:
-        return unwrapped + sum(blocks.values()) + max(per_block.values())
-    return unwrapped + sum(per_block[name] * n for name, n in blocks.items())
+        return len(units) + max(units)
+    return sum(units)
 
 
 def activation_bytes(

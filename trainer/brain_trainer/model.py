@@ -402,10 +402,6 @@ class BrainAI(nn.Module):
             units.append(module)
         return units
 
-    def checkpoint_units(self) -> list[nn.Module]:
-        """The blocks to wrap with activation checkpointing, in forward order (the memory planner assumes these)."""
-        return [block for module in self.children() if isinstance(module, BlockStack) for block in module.blocks]
-
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         B, T = tokens.shape
         if T > self.cfg.max_seq_len:
