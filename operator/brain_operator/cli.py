@@ -111,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("run", cmd_run, "train the job locally: one torchrun agent per worker pod, on this machine")
     manifest_arg(p)
-    p.add_argument("--workdir", type=Path, help="checkpoints, config and scratch folders (default: ./runs/<job-name>)")
+    p.add_argument(
+        "--workdir", type=Path, metavar="DIR", help="checkpoints, config and scratch folders (default: ./runs/<job-name>)"
+    )
 
     p = command("render", cmd_render, "print the Kubernetes objects the operator creates for the job")
     manifest_arg(p)
@@ -124,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     p = command("estimate", cmd_estimate, "per-rank memory of the job and the strategy the planner picks")
     manifest_arg(p)
     p.add_argument(
-        "--device-memory", type=float, metavar="GIB", help="memory per device (default: from spec.resources or 80)"
+        "--device-memory", type=float, metavar="GIB", help="memory per device in GiB (default: 80)"
     )
 
     p = command("operator", cmd_operator, "run the BrainTrainingJob operator (kopf) against the current cluster")

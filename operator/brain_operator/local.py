@@ -2,12 +2,15 @@
 
 The thin shell over `local_plan`: parse (no image needed) -> render the
 elastic backend -> plan -> start one torchrun agent per worker pod, each in
-its own session like a container, so a dead agent takes its trainer
-processes with it and a terminal's Ctrl-C reaches only the runner. A failed
-worker pod restarts the whole group from the newest committed checkpoint,
-within `runPolicy.backoffLimit`, as the operator recreates failed pods; a
-preemption (exit PREEMPTED) does not count. Ctrl-C or SIGTERM is passed on
-as SIGTERM: the trainers commit a checkpoint and exit.
+its own session like a container, so a terminal's Ctrl-C reaches only the
+runner. A failed worker pod ends the others as Kubernetes deletes pods
+(SIGTERM, a grace period, SIGKILL) and the whole group restarts from the
+newest committed checkpoint, within `runPolicy.backoffLimit`, as the
+operator recreates failed pods; a preemption (exit PREEMPTED) does not
+count. Ctrl-C or SIGTERM is passed on the same way: the trainers commit a
+checkpoint and exit. On Linux the runner adopts the trainers of an agent
+that died abruptly (torchrun starts them in sessions of their own) and ends
+them with their pod, so nothing outlives it.
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ def _config_files(
         for name, text in config_maps[volume["configMap"]["name"]].get("data", {}).items():
             if name.endswith((".yaml", ".yml")):
                 data = _rewrite_tree(yaml.safe_load(text), mounts)
-                if name == TRAINER_FILE and isinstance(data.get("metrics"), dict):
+                if name == TRAINER_FILE and isinstance(data.get("metrics"), dict) and data["metrics"].get("port"):
                     data["metrics"]["port"] = metrics_port
                 text = yaml.safe_dump(data, sort_keys=False)
             files[shared[volume["name"]] / name] = text

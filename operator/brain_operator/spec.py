@@ -502,12 +502,17 @@ def _trainer_config(spec: JobSpec) -> TrainerConfig:
     preset = DISTRIBUTED_PRESETS[spec.model.preset]
     training = {f.name: getattr(spec.training, f.name) for f in dataclasses.fields(TrainingConfig) if hasattr(spec.training, f.name)}
     dist = spec.distributed
+    # Under strategy auto the planner adds checkpointing and offload as rungs of its
+    # ladder; the preset's recommendation applies to an explicitly chosen strategy.
+    planner_decides = dist.strategy == "auto"
     distributed = dataclasses.replace(
         preset,
         strategy=dist.strategy,
         fsdp_sharding=_first(dist.fsdp_sharding, preset.fsdp_sharding),
-        activation_checkpointing=_first(dist.activation_checkpointing, preset.activation_checkpointing),
-        cpu_offload=_first(dist.cpu_offload, preset.cpu_offload),
+        activation_checkpointing=_first(
+            dist.activation_checkpointing, False if planner_decides else preset.activation_checkpointing
+        ),
+        cpu_offload=_first(dist.cpu_offload, False if planner_decides else preset.cpu_offload),
         backend=dist.backend,
         find_unused_parameters=dist.find_unused_parameters,
         gradient_accumulation_steps=spec.training.gradient_accumulation_steps,

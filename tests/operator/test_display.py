@@ -4,6 +4,7 @@ import io
 
 from brain_operator.display import (
     PlainDisplay,
+    RichDisplay,
     RunSummary,
     format_duration,
     progress_line,
@@ -63,3 +64,15 @@ def test_summary_names_every_figure():
     text = "\n".join(summary_lines(summary))
     for expected in ("Succeeded", "200/200", "1.5000 (first logged: 5.2500)", "9,000", "1m15s", "restarts:    1", "step-00000200"):
         assert expected in text
+
+
+def test_rich_display_shows_the_bar_figures_under_the_labelled_output():
+    out = io.StringIO()
+    display = RichDisplay(out, job_name="demo", total_steps=200)
+    display.log("demo-worker-0", "step 120 [not markup]")
+    display.update(DOC)
+    display.close()
+    text = out.getvalue()
+    assert "[demo-worker-0] step 120 [not markup]" in text
+    for figure in ("demo", "120/200", "loss 2.1342", "12,346 tok/s", "ETA 0m32s"):
+        assert figure in text, figure

@@ -100,6 +100,15 @@ def test_precision_defaults_to_the_preset():
     assert trainer_config(parse_job(manifest())).distributed.mixed_precision_policy == "fp32"
 
 
+def test_planner_decides_checkpointing_under_strategy_auto():
+    def dist(distributed):
+        return trainer_config(parse_job(manifest({"model": {"preset": "7b"}, "distributed": distributed}))).distributed
+
+    assert not dist({"strategy": "auto"}).activation_checkpointing  # a rung of the planner's ladder
+    assert dist({"strategy": "fsdp"}).activation_checkpointing  # the 7b preset's recommendation
+    assert dist({"strategy": "auto", "activationCheckpointing": True}).activation_checkpointing
+
+
 def test_resolved_values():
     gpu = parse_job(manifest({"nodes": 2, "resources": {"limits": {"nvidia.com/gpu": 8}}, "model": {"preset": "3b"}}))
     assert resolved_backend(gpu.spec) == "nccl"

@@ -57,7 +57,8 @@ def _accumulate(model, acc, optimizer, micro_batches, counter):
 def _parameter_groups(model):
     """FSDP units (root included) that own a parameter no deeper unit owns: one reduce-scatter each."""
     units = ("",) + unit_names(model)
-    owners = {max((u for u in units if name.startswith(u + ".") or not u), key=len) for name, _ in model.named_parameters()}
+    owners = {max((u for u in units if not u or name.startswith(u + ".")), key=len)
+              for name, _ in model.named_parameters()}
     return len(owners)
 
 

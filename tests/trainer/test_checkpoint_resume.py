@@ -56,6 +56,11 @@ def env(sample_log: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "BRAIN_SAMPLE_LOG": str(sample_log), **extra}
 
 
+# torchrun shares its rendezvous TCPStore with the workers by default, and a restarted group can
+# then read the dead group's gloo addresses (pytorch/pytorch#135712): restarts need it off.
+NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def torchrun(*args: str) -> list[str]:
     return [TORCHRUN, "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]
 
@@ -95,14 +100,14 @@ def run(cmd: list[str], log: Path, **kw) -> subprocess.CompletedProcess:
 def test_sigkill_after_a_checkpoint_and_before_a_commit_resumes_exactly(tmp_path):
     reference_log, killed_log = tmp_path / "reference.jsonl", tmp_path / "killed.jsonl"
     proc = run(torchrun("-m", "brain_trainer", "--config", str(write_config(tmp_path, "reference", 12, "ddp"))),
-               tmp_path / "reference.out", env=env(reference_log))
+               tmp_path / "reference.out", env=env(reference_log, **NO_SHARED_STORE))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     killed = write_config(tmp_path, "killed", 12, "ddp")
     job = subprocess.Popen(
         torchrun("--max-restarts", "1", str(HERE / "hold_commit.py"), "--config", str(killed)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
-        env=env(killed_log, HOLD_COMMIT_STEP="8"),
+        env=env(killed_log, HOLD_COMMIT_STEP="8", **NO_SHARED_STORE),
     )
     output = []
     try:
@@ -113,7 +118,9 @@ def test_sigkill_after_a_checkpoint_and_before_a_commit_resumes_exactly(tmp_path
                 assert (pending / ".metadata").is_file() and not (pending / store.MANIFEST).exists()
                 assert store.latest_checkpoint(tmp_path / "killed") == tmp_path / "killed" / store.step_dir_name(4)
                 os.kill(int(line.split()[-1]), signal.SIGKILL)
-        assert job.wait(timeout=240) == 0, "".join(output)[-4000:]
+        code = job.wait(timeout=240)
+        (tmp_path / "killed.out").write_text("".join(output))
+        assert code == 0, "".join(output)[-4000:]
     finally:
         if job.poll() is None:
             job.kill()

@@ -12,7 +12,7 @@ CASES = [
     ("training: {compile: maybe}", ["training.compile"], "must be a boolean"),
     ("distributed: {fsdp_sharding: fullshard}", ["distributed.fsdp_sharding"], "must be one of full_shard"),
     ("distributed: {strategy: zero3}", ["distributed.strategy"], "got 'zero3'"),
-    ("training: {precision: fp8}", ["training.precision"], "unknown field"),
+    ("distributed: {mixed_precision_policy: fp8}", ["distributed.mixed_precision_policy"], "must be one of fp32, bf16, fp16"),
     ("training: {micro_batch_size: -4}", ["training.micro_batch_size"], "must be >= 1, got -4"),
     ("training: {warmup_steps: -1}", ["training.warmup_steps"], "must be >= 0"),
     ("data: {num_workers: -2}", ["data.num_workers"], "must be >= 0"),

@@ -10,7 +10,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from brain_trainer import DDPWrapper, DistributedConfig
 from harness import free_port, run_ranks
-from parity import STEPS, global_batches, lm_loss, max_abs_diff, minimal_model, optimizer_for, rank_slice, reference_losses
+from parity import (
+    STEPS,
+    global_batches,
+    lm_loss,
+    max_abs_diff,
+    minimal_model,
+    optimizer_for,
+    rank_slice,
+    reference_losses,
+)
 
 MICRO_BATCH = 2
 
@@ -102,4 +111,7 @@ def test_setup_rejects_a_rank_outside_the_world():
 
 
 def test_metrics_without_a_group_are_their_own_mean():
-    assert DDPWrapper(nn.Linear(1, 1), DistributedConfig()).all_reduce_metrics({"loss": 3}) == {"loss": 3.0}
+    wrapper = DDPWrapper(nn.Linear(1, 1), DistributedConfig())
+    assert wrapper.all_reduce_metrics({"loss": 3, "lr": torch.tensor(0.5)}) == {"loss": 3.0, "lr": 0.5}
+    with pytest.raises(ValueError, match=r"metrics\['loss'\]: must be a number, got 'low'"):
+        wrapper.all_reduce_metrics({"loss": "low"})

@@ -1,4 +1,4 @@
-"""FSDPWrapper (FSDP2) on real gloo ranks: loss parity with one process for every strategy."""
+"""FSDPWrapper (FSDP2) on real gloo ranks: loss parity with one process for every strategy, checkpoints."""
 
 import pytest
 import torch
@@ -10,7 +10,16 @@ from brain_trainer import DistributedConfig, FSDPWrapper
 from brain_trainer.ddp import all_reduce_mean
 from brain_trainer.fsdp import ShardingPolicy, leaf_units, mesh_shape, unit_names
 from harness import run_ranks
-from parity import STEPS, global_batches, lm_loss, max_abs_diff, minimal_model, optimizer_for, rank_slice, reference_losses
+from parity import (
+    STEPS,
+    global_batches,
+    lm_loss,
+    max_abs_diff,
+    minimal_model,
+    optimizer_for,
+    rank_slice,
+    reference_losses,
+)
 
 MICRO_BATCH = 2
 
@@ -28,6 +37,7 @@ def _local_numel(model):
 
 
 def _train(rank, world_size, settings):
+    """Train STEPS steps; returns (what the test checks, the wrapper, the optimizer)."""
     wrapper = FSDPWrapper(minimal_model(), DistributedConfig(strategy="fsdp", **settings))
     model = wrapper.setup(rank, world_size)
     optimizer = optimizer_for(model)
@@ -38,14 +48,28 @@ def _train(rank, world_size, settings):
         optimizer.step()
         optimizer.zero_grad()
         losses.append(all_reduce_mean({"loss": loss.item()})["loss"])
-    wrapper.cleanup()
-    return dict(
+    wrapper.cleanup()  # the harness owns the group: nothing to destroy
+    summary = dict(
         losses=losses,
         local_numel=_local_numel(model),
         all_dtensor=all(isinstance(p, DTensor) for p in model.parameters()),
         fsdp_units=sum(isinstance(m, FSDPModule) for m in model.modules()),
         policy=wrapper.get_sharding_policy(),
     )
+    return summary, wrapper, optimizer
+
+
+def _round_trip(rank, world_size, trained, optimizer, folder):
+    """Save a full_shard model, load it into a differently initialised no_shard one: same outputs."""
+    tokens = rank_slice(global_batches(1, MICRO_BATCH * world_size, seed=1)[0], rank, world_size)
+    trained.save_distributed_checkpoint(folder, optimizer=optimizer)
+    fresh = FSDPWrapper(minimal_model(seed=1), DistributedConfig(strategy="fsdp", fsdp_sharding="no_shard"))
+    model = fresh.setup(rank, world_size)
+    with torch.no_grad():
+        before = lm_loss(model, tokens).item()
+        fresh.load_distributed_checkpoint(folder, optimizer=optimizer_for(model))
+        return dict(expected=lm_loss(trained.wrapped, tokens).item(), restored=lm_loss(model, tokens).item(),
+                    before=before)  # fmt: skip
 
 
 def _bf16_step(rank, world_size):
@@ -63,13 +87,16 @@ def _bf16_step(rank, world_size):
     )
 
 
-def _fsdp_rank(rank, world_size):
-    return dict(cases={name: _train(rank, world_size, settings) for name, settings in CASES.items()},
-                bf16=_bf16_step(rank, world_size))  # fmt: skip
+def _fsdp_rank(rank, world_size, folder):
+    cases, trained = {}, {}
+    for name, settings in CASES.items():
+        cases[name], *trained[name] = _train(rank, world_size, settings)
+    return dict(cases=cases, bf16=_bf16_step(rank, world_size),
+                checkpoint=_round_trip(rank, world_size, *trained["full_shard"], folder))  # fmt: skip
 
 
-def test_every_strategy_matches_one_process():
-    results = run_ranks(_fsdp_rank, 2)
+def test_every_strategy_matches_one_process_and_checkpoints_round_trip(tmp_path):
+    results = run_ranks(_fsdp_rank, 2, str(tmp_path / "step-00000005"))
     reference = reference_losses(global_batches(STEPS, MICRO_BATCH * 2))
     assert reference[-1] < reference[0]
     total = sum(p.numel() for p in minimal_model().parameters())
@@ -91,6 +118,9 @@ def test_every_strategy_matches_one_process():
     assert policies["no_shard+cpu_offload"].mesh_shape == (2, 1) and policies["no_shard+cpu_offload"].cpu_offload
     for r in results:
         assert r["bf16"] == dict(logits=torch.bfloat16, params={torch.float32}, grads={torch.float32})
+        restored = r["checkpoint"]
+        assert abs(restored["restored"] - restored["expected"]) <= 1e-6, restored
+        assert abs(restored["before"] - restored["expected"]) > 1e-3, restored  # the load changed the model
 
 
 def test_mesh_shapes():
@@ -136,11 +166,17 @@ def test_policy_without_a_group_uses_the_given_world_size(monkeypatch):
     config = DistributedConfig(strategy="fsdp", fsdp_sharding="hybrid_shard", mixed_precision_policy="bf16")
     policy = FSDPWrapper(minimal_model(), config).get_sharding_policy(16)
     assert isinstance(policy, ShardingPolicy)
-    assert (policy.mesh_shape, policy.shard_size, policy.param_dtype, policy.reduce_dtype) == ((4, 4), 4, "bf16", "fp32")
+    assert (policy.mesh_shape, policy.shard_size) == ((4, 4), 4)
+    assert (policy.param_dtype, policy.reduce_dtype) == ("bf16", "fp32")
     assert policy.checkpointed == () and not policy.cpu_offload
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "four")
     with pytest.raises(ValueError, match=r"LOCAL_WORLD_SIZE: must be an integer, got 'four'"):
         FSDPWrapper(minimal_model(), config).get_sharding_policy(16)
+
+
+def test_policy_needs_a_world_size():
+    with pytest.raises(RuntimeError, match=r"needs world_size= or an initialised process group"):
+        FSDPWrapper(minimal_model(), DistributedConfig()).get_sharding_policy()
 
 
 def test_checkpointing_before_setup_is_refused(tmp_path):

@@ -47,6 +47,7 @@ def test_detect_environment_from_process_environment(clean_env, variables, expec
     for key, value in variables.items():
         clean_env.setenv(key, value)
     assert DistributedLauncher(DistributedConfig()).detect_environment() == expected
+    assert detect_environment(variables) == expected  # the pure function agrees on a plain mapping
 
 
 def test_torchrun_variables_pass_through_unchanged():

@@ -62,10 +62,10 @@ def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
     assert (tmp_path / "checkpoints" / f"step-{steps:08d}").is_dir()
 
 
-def _small_job(**training):
+def _small_job(strategy, **training):
     return TrainerConfig.from_dict({
         "training": {"steps": 6, "seq_len": 16, "learning_rate": 2e-3, "warmup_steps": 2, "log_interval": 1, **training},
-        "distributed": {"strategy": "ddp"},
+        "distributed": {"strategy": strategy},
         "data": {"source": "synthetic", "num_samples": 50},  # 50: epochs roll over mid-run
         "checkpoint": {"enabled": False},
         "metrics": {"port": 0},
@@ -74,13 +74,13 @@ def _small_job(**training):
 
 def _train_on_ranks(rank, world_size, training):
     torch.set_num_threads(1)
-    result = train(_small_job(**training))
+    result = train(_small_job("ddp", **training))
     loader = RankAwareDataLoader(SyntheticDataset(8, 4), DistributedConfig())  # rank and world from the group
     return result.step, [loss for _, loss in result.history], (loader.rank, loader.world_size)
 
 
 def test_same_losses_at_any_world_size_and_accumulation(monkeypatch):
-    """2 ranks x micro-batch 2 = 1 process x 4 = 1 process x 1 x 4 accumulation: same samples, same updates."""
+    """DDP on 2 ranks x micro-batch 2 = 1 unwrapped process x 4 = 1 x 1 x 4 accumulation: same samples, same updates."""
     two_ranks = run_ranks(_train_on_ranks, 2, {"micro_batch_size": 2})
     assert [r[2] for r in two_ranks] == [(0, 2), (1, 2)]
     assert two_ranks[0][:2] == two_ranks[1][:2], "every rank reports the same averaged loss"
@@ -91,7 +91,7 @@ def test_same_losses_at_any_world_size_and_accumulation(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     for training in ({"micro_batch_size": 4}, {"micro_batch_size": 1, "global_batch_size": 4}):
         monkeypatch.setenv("MASTER_PORT", str(free_port()))
-        single = train(_small_job(**training))
+        single = train(_small_job("single", **training))
         assert [loss for _, loss in single.history] == pytest.approx(losses, rel=1e-4), training
 
 

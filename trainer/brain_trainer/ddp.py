@@ -99,13 +99,19 @@ def all_reduce_mean(metrics: dict[str, float]) -> dict[str, float]:
     Every rank must pass the same keys; they are sent in sorted order so the
     packing agrees across ranks whatever order each rank built its dict in.
     """
-    if not dist.is_initialized():  # a single process is its own mean
-        return {key: float(value) for key, value in metrics.items()}
-    if not metrics:
-        return {}
-    keys = sorted(metrics)
+    values = {key: _number(key, value) for key, value in metrics.items()}
+    if not dist.is_initialized() or not values:  # a single process is its own mean
+        return values
+    keys = sorted(values)
     device = torch.device("cpu") if dist.get_backend() == "gloo" else local_device()
-    packed = torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64, device=device)
+    packed = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(packed, op=dist.ReduceOp.SUM)
     packed /= dist.get_world_size()
     return dict(zip(keys, packed.tolist()))
+
+
+def _number(key: str, value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"metrics[{key!r}]: must be a number, got {value!r}") from None

@@ -140,6 +140,8 @@ class FSDPWrapper(ProcessGroupUser):
     def get_sharding_policy(self, world_size: Optional[int] = None) -> ShardingPolicy:
         """The policy for `world_size` ranks (default: the process group's), as setup applies it."""
         if world_size is None:
+            if not dist.is_initialized():
+                raise RuntimeError("get_sharding_policy() needs world_size= or an initialised process group")
             world_size = dist.get_world_size()
         raw = os.environ.get("LOCAL_WORLD_SIZE", str(world_size))
         if not raw.isdigit():

@@ -42,7 +42,7 @@ def expand_nodelist(nodelist: str) -> list[str]:
     for pattern in _split_top_level(nodelist):
         hosts.extend(_expand_pattern(pattern, nodelist))
     if not hosts:
-        raise ConfigError([FieldError("SLURM_JOB_NODELIST", f"names no host, got {nodelist!r}")])
+        raise _error("SLURM_JOB_NODELIST", f"names no host, got {nodelist!r}")
     return hosts
 
 
@@ -63,7 +63,7 @@ def _expand_pattern(pattern: str, nodelist: str) -> list[str]:
     match = _BRACKET.search(pattern)
     if match is None:
         if "[" in pattern or "]" in pattern:
-            raise ConfigError([FieldError("SLURM_JOB_NODELIST", f"unbalanced brackets in {nodelist!r}")])
+            raise _error("SLURM_JOB_NODELIST", f"unbalanced brackets in {nodelist!r}")
         return [pattern]
     head, tail = pattern[: match.start()], pattern[match.end() :]
     expanded = []
@@ -78,12 +78,12 @@ def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
     for item in ranges.split(","):
         low, _, high = item.strip().partition("-")
         if not low.isdigit() or (high and not high.isdigit()):
-            raise ConfigError([FieldError("SLURM_JOB_NODELIST", f"bad range {item!r} in {nodelist!r}")])
+            raise _error("SLURM_JOB_NODELIST", f"bad range {item!r} in {nodelist!r}")
         if not high:
             values.append(low)
             continue
         if int(high) < int(low):
-            raise ConfigError([FieldError("SLURM_JOB_NODELIST", f"descending range {item!r} in {nodelist!r}")])
+            raise _error("SLURM_JOB_NODELIST", f"descending range {item!r} in {nodelist!r}")
         values.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
     return values
 
@@ -94,12 +94,10 @@ def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
     for item in tasks_per_node.split(","):
         match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
         if match is None:
-            raise ConfigError([FieldError("SLURM_TASKS_PER_NODE", f"cannot parse {tasks_per_node!r}")])
+            raise _error("SLURM_TASKS_PER_NODE", f"cannot parse {tasks_per_node!r}")
         counts.extend([int(match.group(1))] * int(match.group(2) or 1))
     if node_id >= len(counts):
-        raise ConfigError(
-            [FieldError("SLURM_NODEID", f"must be < the {len(counts)} nodes of SLURM_TASKS_PER_NODE, got {node_id}")]
-        )
+        raise _error("SLURM_NODEID", f"must be < the {len(counts)} nodes of SLURM_TASKS_PER_NODE, got {node_id}")
     return counts[node_id]
 
 
@@ -135,7 +133,7 @@ def torch_environment(
         out = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port_finder()))
     else:
-        raise ConfigError([FieldError("environment", f"must be one of {', '.join(ENVIRONMENTS)}; got {kind!r}")])
+        raise _error("environment", f"must be one of {', '.join(ENVIRONMENTS)}; got {kind!r}")
     _check_ranks(out)
     return out
 
@@ -168,9 +166,8 @@ def _from_manual(env: Mapping[str, str], config: DistributedConfig) -> dict[str,
     rank = _integer(env, "RANK")
     world_size = _integer(env, "WORLD_SIZE", minimum=1)
     if world_size % config.num_nodes:
-        raise ConfigError(
-            [FieldError("WORLD_SIZE", f"must be a multiple of distributed.num_nodes ({config.num_nodes}), got {world_size}")]
-        )
+        nodes = config.num_nodes
+        raise _error("WORLD_SIZE", f"must be a multiple of distributed.num_nodes ({nodes}), got {world_size}")
     local_world_size = _integer(env, "LOCAL_WORLD_SIZE", default=world_size // config.num_nodes, minimum=1)
     return dict(
         RANK=str(rank),
@@ -185,7 +182,7 @@ def _from_manual(env: Mapping[str, str], config: DistributedConfig) -> dict[str,
 def _require(env: Mapping[str, str], key: str) -> str:
     value = env.get(key, "")
     if not value:
-        raise ConfigError([FieldError(key, "must be set in the environment")])
+        raise _error(key, "must be set in the environment")
     return value
 
 
@@ -198,24 +195,25 @@ def _integer(
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError([FieldError(key, f"must be an integer, got {raw!r}")]) from None
+        raise _error(key, f"must be an integer, got {raw!r}") from None
     if value < minimum:
-        raise ConfigError([FieldError(key, f"must be >= {minimum}, got {value}")])
+        raise _error(key, f"must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
-        raise ConfigError([FieldError(key, f"must be <= {maximum}, got {value}")])
+        raise _error(key, f"must be <= {maximum}, got {value}")
     return value
+
+
+def _error(variable: str, message: str) -> ConfigError:
+    return ConfigError([FieldError(variable, message)])
 
 
 def _check_ranks(out: Mapping[str, str]) -> None:
     """Cross-variable rules; values are integers by now except for torchrun's, checked here too."""
-    numbers = {key: _integer(out, key) for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     _integer(out, "MASTER_PORT", minimum=1, maximum=65535)
-    if numbers["RANK"] >= numbers["WORLD_SIZE"]:
-        raise ConfigError([FieldError("RANK", f"must be < WORLD_SIZE ({numbers['WORLD_SIZE']}), got {numbers['RANK']}")])
-    if numbers["LOCAL_RANK"] >= numbers["LOCAL_WORLD_SIZE"]:
-        raise ConfigError(
-            [FieldError("LOCAL_RANK", f"must be < LOCAL_WORLD_SIZE ({numbers['LOCAL_WORLD_SIZE']}), got {numbers['LOCAL_RANK']}")]
-        )
+    for rank_key, size_key in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
+        rank, size = _integer(out, rank_key), _integer(out, size_key)
+        if rank >= size:
+            raise _error(rank_key, f"must be < {size_key} ({size}), got {rank}")
 
 
 class DistributedLauncher:

@@ -11,6 +11,7 @@ Torch-free on purpose: the operator imports it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -88,7 +89,9 @@ def key_for(f: dataclasses.Field, camel_case: bool) -> str:
     return camel(f.name) if camel_case else f.name
 
 
+@functools.lru_cache(maxsize=None)
 def _hints(cls: type) -> dict[str, Any]:
+    # Resolving string annotations dominates parsing; a class's hints never change.
     return typing.get_type_hints(cls)
 
 

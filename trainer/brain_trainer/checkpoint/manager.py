@@ -109,9 +109,12 @@ class CheckpointManager:
         self.config_hash = config_hash
         self.root = Path(cfg.dir)
         self.last_committed: tuple[int, Path] | None = None
-        self.last_stall_s = 0.0  # how long the latest save blocked the caller
+        self.last_stall_s = 0.0  # how long the latest save blocked the training loop
         self._saved_step: int | None = None
-        self._pending: Future | None = None
+        self._pending: Future | None = None  # the save in flight: written, then committed
+        self._staged: Future | None = None  # its copy to CPU memory
+        self._stager: Any = None
+        self._hook: Any = None
         self._stop_requested = False
         self._previous_handler: Any = None
         distributed = dist.is_initialized()
@@ -203,12 +206,17 @@ class CheckpointManager:
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is written and committed; re-raise its error."""
-        pending, self._pending = self._pending, None
+        pending, self._pending, self._staged = self._pending, None, None
         if pending is not None:
             pending.result()
 
     def close(self) -> None:
+        self.wait()
         self._executor.shutdown(wait=True)
+        if self._hook is not None:
+            self._hook.remove()
+            self._stager.close()
+            self._hook = self._stager = None
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)
             self._previous_handler = None
@@ -240,10 +248,22 @@ class CheckpointManager:
             shards.save(state_dict, folder, self._group)
             self._commit(folder, fields, started)
         else:
-            written = shards.async_save(state_dict, folder, self._save_group)
+            if self._stager is None:
+                self._stager = shards.background_stager()
+                self._hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
+            self._staged, written = shards.async_save(state_dict, folder, self._save_group, self._stager)
             self._pending = self._executor.submit(self._commit_when_written, written, folder, fields, started)
         self.last_stall_s = time.perf_counter() - started
         self._saved_step = state.step
+
+    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # The copy to CPU memory overlaps the next forward and backward; only the
+        # optimizer step changes what is being copied, so it waits here.
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            blocked = time.perf_counter()
+            staged.result()
+            self.last_stall_s += time.perf_counter() - blocked
 
     def _commit_when_written(self, written: Future, folder: Path, fields: dict[str, Any], started: float) -> None:
         written.result()

@@ -7,16 +7,16 @@ their sizes and checksums; rank 0 then commits the folder (store.commit).
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.futures import Future as TorchFuture
 
 from . import store
@@ -26,8 +26,7 @@ class ShardWriter(dcp.FileSystemWriter):
     """DCP's file writer, plus a size-and-checksum sidecar for every shard file it wrote."""
 
     def __init__(self, path: Path):
-        # Pinned staging buffers are reused between async saves when there is a GPU to copy from.
-        super().__init__(path, sync_files=True, cache_staged_state_dict=torch.cuda.is_available())
+        super().__init__(path, sync_files=True)
 
     def write_data(self, plan, planner) -> TorchFuture:
         done = super().write_data(plan, planner)
@@ -36,29 +35,38 @@ class ShardWriter(dcp.FileSystemWriter):
         return done
 
 
+# Without a process group DCP warns that it assumes one process: here that is the intent.
+# (Process-wide: async saves run in other threads, where a local filter would not apply.)
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+
 def _dist_kwargs(group: dist.ProcessGroup | None) -> dict[str, Any]:
     if dist.is_initialized():
         return {"process_group": group}
     return {"no_dist": True}
 
 
-@contextlib.contextmanager
-def _single_process_intended() -> Iterator[None]:
-    # Without a process group DCP warns that it assumes one process: here that is the intent.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
 def save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> None:
-    with _single_process_intended():
-        dcp.save(state_dict, storage_writer=ShardWriter(folder), **_dist_kwargs(group))
+    dcp.save(state_dict, storage_writer=ShardWriter(folder), **_dist_kwargs(group))
 
 
-def async_save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> Future:
-    """Stage state_dict to CPU memory now (the caller's only stall), write it in a background thread."""
-    with _single_process_intended():
-        return dcp.async_save(state_dict, storage_writer=ShardWriter(folder), **_dist_kwargs(group))
+def background_stager() -> DefaultStager:
+    """Copies state to CPU memory in a background thread, reusing its buffers from one save to the next."""
+    cuda = torch.cuda.is_available()
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+                                        use_non_blocking_copy=cuda))
+
+
+def async_save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None,
+               stager: DefaultStager) -> tuple[Future, Future]:
+    """Start a save; returns (staged, written) futures.
+
+    Until `staged` is done the tensors in state_dict are being copied and must
+    not change; `written` completes once DCP wrote every rank's shards.
+    """
+    response = dcp.async_save(state_dict, storage_writer=ShardWriter(folder), async_stager=stager,
+                              **_dist_kwargs(group))
+    return response.staging_completion, response.upload_completion
 
 
 def saved_keys(folder: Path) -> set[str]:
@@ -67,8 +75,7 @@ def saved_keys(folder: Path) -> set[str]:
 
 def load(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> None:
     """Fill state_dict in place from folder, resharding to this run's layout as needed."""
-    with _single_process_intended():
-        dcp.load(state_dict, storage_reader=dcp.FileSystemReader(folder), **_dist_kwargs(group))
+    dcp.load(state_dict, storage_reader=dcp.FileSystemReader(folder), **_dist_kwargs(group))
 
 
 def load_prefix(folder: Path, prefix: str) -> dict[str, Any]:
@@ -82,6 +89,5 @@ def load_prefix(folder: Path, prefix: str) -> dict[str, Any]:
             template[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
         elif isinstance(meta, BytesStorageMetadata):
             template[key] = None
-    with _single_process_intended():
-        dcp.load(template, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+    dcp.load(template, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
     return {key[len(prefix) + 1 :]: value for key, value in template.items()}

@@ -100,7 +100,7 @@ def commit(folder: Path, final: Path, fields: dict[str, Any]) -> dict[str, Any]:
         sidecar.unlink()
     manifest = {"format": MANIFEST_FORMAT, **fields, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
     write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
-    if final.exists():  # a half-finished earlier commit of the same step cannot exist; a stale copy can
+    if final.exists():  # only an unloadable one (no valid manifest): a valid one would have been resumed
         shutil.rmtree(final)
     os.rename(folder, final)
     fsync_dir(final.parent)

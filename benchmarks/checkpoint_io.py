@@ -1,0 +1,150 @@
+"""Checkpoint I/O against the disk's own limit (a benchmark, not a test).
+
+A ~100M-parameter model, FSDP2 full_shard over gloo ranks, with AdamW state
+(~1.2 GB in fp32), is checkpointed through CheckpointManager. Side by side,
+on the same disk and with the same ranks:
+
+- sharded save: a synchronous save of the whole TrainState, from the call to
+  the committed checkpoint (shards fsynced, checksums, manifest, rename);
+- raw write: every rank writes the same number of bytes as its shard with
+  plain sequential 8 MiB writes and one fsync (the physical limit);
+- async stall: how long an asynchronous save blocks a training loop, as a
+  fraction of the synchronous save: the call itself plus any wait before the
+  next optimizer step for the background copy to CPU memory. One training
+  step (forward, backward, AdamW) follows each save, as in the loop.
+
+Prints GB/s for both, their ratio (target >= 0.5) and the stall fraction
+(target <= 0.2). Medians over --repeats runs.
+
+    .venv/bin/python benchmarks/checkpoint_io.py [--ranks 2] [--dir PATH] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from harness import run_ranks  # noqa: E402  (N real gloo ranks)
+
+from brain_trainer.checkpoint import CheckpointManager, TrainState, store  # noqa: E402
+from brain_trainer.config import CheckpointConfig  # noqa: E402
+
+WIDTH, LAYERS = 2880, 12  # 12 x (2880^2 + 2880) = 99.6M parameters
+CHUNK = 8 << 20
+BATCH = 64
+
+
+def build() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    train_step(model, optim)  # AdamW state (exp_avg, exp_avg_sq) now exists
+    return model, optim
+
+
+def train_step(model: nn.Module, optim: torch.optim.Optimizer) -> None:
+    model(torch.randn(BATCH, WIDTH)).square().mean().backward()
+    optim.step()
+    optim.zero_grad()
+
+
+def timed(fn) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def raw_write(path: Path, nbytes: int) -> None:
+    block = memoryview(os.urandom(CHUNK))
+    with open(path, "wb", buffering=0) as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(block[: min(CHUNK, left)])
+        os.fsync(f.fileno())
+
+
+def bench(rank: int, world_size: int, base: str, repeats: int) -> dict:
+    model, optim = build()
+    state = TrainState(model, optim)
+    root = Path(base) / "ckpt"
+    results: dict[str, list[float]] = {"sync": [], "raw": [], "stall": [], "async_total": [], "step": []}
+    nbytes = shard_bytes = 0
+    for i in range(repeats):
+        if rank == 0:
+            shutil.rmtree(root, ignore_errors=True)
+        dist.barrier()
+        sync = CheckpointManager(CheckpointConfig(dir=str(root), interval_steps=1, keep_last=1, async_save=False),
+                                 rank=rank, world_size=world_size, config_hash="bench")
+        state.step = 2 * i + 1
+        results["sync"].append(timed(lambda: sync.after_step(state)))
+        sync.close()
+        manifest = store.read_manifest(root / store.step_dir_name(state.step))
+        nbytes = sum(f["size"] for f in manifest["files"].values())
+        shard_bytes = manifest["files"][f"__{rank}_0.distcp"]["size"]
+
+        raw = Path(base) / f"raw-{rank}.bin"
+        results["raw"].append(timed(lambda: raw_write(raw, shard_bytes)))
+        raw.unlink()
+
+        asynchronous = CheckpointManager(CheckpointConfig(dir=str(root), interval_steps=1, keep_last=1),
+                                         rank=rank, world_size=world_size, config_hash="bench")
+        state.step = 2 * i + 2
+        results["step"].append(timed(lambda: train_step(model, optim)))
+        results["async_total"].append(timed(lambda: (asynchronous.after_step(state), train_step(model, optim),
+                                                     asynchronous.wait())))
+        results["stall"].append(asynchronous.last_stall_s)
+        asynchronous.close()
+    if rank == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"bytes": nbytes, "raw_bytes": shard_bytes, **{k: statistics.median(v) for k, v in results.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temporary folder)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    base = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
+    try:
+        per_rank = run_ranks(bench, args.ranks, base, args.repeats, timeout=1800)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    total = per_rank[0]["bytes"]
+    raw_total = sum(r["raw_bytes"] for r in per_rank)
+    sync = max(r["sync"] for r in per_rank)
+    raw = max(r["raw"] for r in per_rank)
+    stall = max(r["stall"] for r in per_rank)
+    async_total = max(r["async_total"] for r in per_rank)
+    step = max(r["step"] for r in per_rank)
+    params = LAYERS * (WIDTH * WIDTH + WIDTH)
+    print(f"model: {params / 1e6:.1f}M parameters + AdamW state, FSDP2 full_shard over {args.ranks} gloo ranks, "
+          f"torch {torch.__version__}; medians of {args.repeats}")
+    print(f"checkpoint size:           {total / 1e9:.3f} GB ({raw_total / 1e9:.3f} GB of shards)")
+    print(f"sharded save (sync):       {total / 1e9 / sync:6.2f} GB/s  ({sync:.2f} s to committed)")
+    print(f"raw sequential write:      {raw_total / 1e9 / raw:6.2f} GB/s  ({raw:.2f} s incl. fsync)")
+    print(f"ratio save/raw:            {(total / sync) / (raw_total / raw):6.2f}   (target >= 0.5)")
+    print(f"async save: loop stall     {stall:.3f} s = {stall / sync:.3f} of a sync save   (target <= 0.2); "
+          f"(training step alone {step:.2f} s; async save + one step, to committed {async_total:.2f} s)")
+
+
+if __name__ == "__main__":
+    main()
