@@ -139,7 +139,7 @@ def test_sigkill_after_a_checkpoint_and_before_a_commit_resumes_exactly(tmp_path
 
 
 def test_sigterm_commits_exits_preempted_and_resumes_at_one_rank(tmp_path):
-    steps, sample_log = 40, tmp_path / "samples.jsonl"
+    steps, sample_log = 24, tmp_path / "samples.jsonl"
     cfg = write_config(tmp_path, "ckpt", steps, "fsdp")
     root, port = tmp_path / "ckpt", str(free_port())
     workers = [

@@ -59,6 +59,7 @@ def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
     doc = json.loads(progress_path.read_text())
     assert doc["step"] == doc["total_steps"] == steps
     assert doc["loss"] == pytest.approx(last, abs=1e-4) and doc["tokens_per_second"] > 0 and doc["eta_seconds"] == 0
+    assert doc["last_checkpoint_step"] == steps, "the document is refreshed once the final save is committed"
     assert (tmp_path / "checkpoints" / f"step-{steps:08d}").is_dir()
 
 

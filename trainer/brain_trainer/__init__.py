@@ -24,6 +24,8 @@ _LAZY = {
     "GradientAccumulator": "accumulation",
     "DistributedLauncher": "launcher",
     "RankAwareDataLoader": "data",
+    "train": "train",
+    "TrainResult": "train",
 }
 
 __all__ = [

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import torch
@@ -93,6 +93,10 @@ def wrap_model(model: nn.Module, dist_cfg: DistributedConfig, rank: int, world_s
     return model.to(device)
 
 
+def committed_step(ckpt: CheckpointManager) -> Optional[int]:
+    return ckpt.last_committed[0] if ckpt.last_committed else None
+
+
 def autocast_context(policy: str, device: torch.device) -> contextlib.AbstractContextManager:
     dtype = AUTOCAST_DTYPES.get(policy)
     if dtype is None:
@@ -108,6 +112,7 @@ class Reporter:
         self.total_steps = cfg.training.steps
         self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
         self.metrics = start_metrics_server(cfg.metrics.port) if self.active else None
+        self.last: Optional[Progress] = None
 
     def report(self, step: int, loss: float, tokens_per_second: float, step_time: float, lr: float,
                last_checkpoint_step: Optional[int]) -> None:
@@ -117,19 +122,31 @@ class Reporter:
             "step %d/%d loss %.4f tokens/s %.0f step_time %.3fs lr %.3e",
             step, self.total_steps, loss, tokens_per_second, step_time, lr,
         )
-        progress = Progress(
-            step=step,
-            total_steps=self.total_steps,
-            loss=loss,
-            tokens_per_second=tokens_per_second,
-            eta_seconds=eta_seconds(step, self.total_steps, step_time),
-            last_checkpoint_step=last_checkpoint_step,
-            updated_at=utc_timestamp(),
+        self._publish(
+            Progress(
+                step=step,
+                total_steps=self.total_steps,
+                loss=loss,
+                tokens_per_second=tokens_per_second,
+                eta_seconds=eta_seconds(step, self.total_steps, step_time),
+                last_checkpoint_step=last_checkpoint_step,
+                updated_at=utc_timestamp(),
+            ),
+            step_time=step_time,
+            learning_rate=lr,
         )
+
+    def checkpointed(self, step: Optional[int]) -> None:
+        """Re-publish the last progress once the final checkpoint is committed."""
+        if self.active and self.last is not None and step != self.last.last_checkpoint_step:
+            self._publish(replace(self.last, last_checkpoint_step=step, updated_at=utc_timestamp()))
+
+    def _publish(self, progress: Progress, **extras: float) -> None:
+        self.last = progress
         if self.progress_path:
             write_progress(self.progress_path, progress)
         if self.metrics is not None:
-            self.metrics.publish(progress.as_dict(), step_time=step_time, learning_rate=lr)
+            self.metrics.publish(progress.as_dict(), **extras)
 
     def close(self) -> None:
         if self.metrics is not None:
@@ -236,7 +253,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         step_time = (now - last_log_time) / steps
         reporter.report(
             state.step, mean_loss, tokens_per_step / step_time, step_time,
-            scheduler.get_last_lr()[0], ckpt.last_committed[0] if ckpt.last_committed else None,
+            scheduler.get_last_lr()[0], committed_step(ckpt),
         )
         history.append((state.step, mean_loss))
         running_loss.zero_()
@@ -244,6 +261,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         last_log_step, last_log_time = state.step, now
     loop_seconds = time.perf_counter() - start
     ckpt.finish(state)
+    reporter.checkpointed(committed_step(ckpt))
     steps_run = state.step - first_step
     return TrainResult(
         step=state.step,
