@@ -140,3 +140,12 @@ def test_sequence_longer_than_the_preset_accepts_is_a_config_error():
     assert errs == ["training.seq_len: must be <= 512 (the minimal preset's max_seq_len), got 100000"]
     # A user model decides for itself.
     TrainerConfig.from_dict({"training": {"seq_len": 100000}, "model": {"entrypoint": "pkg.mod:build"}})
+
+
+def test_package_root_exports_the_contract_lazily():
+    code = (
+        "import sys, brain_trainer as b; assert 'torch' not in sys.modules; "
+        "from brain_trainer import train, DDPWrapper, RankAwareDataLoader; "
+        "assert callable(b.train) and not isinstance(b.train, type(sys)), b.train"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
