@@ -145,6 +145,10 @@ def test_torchrun_environment(objects):
         assert env["PET_RDZV_ID"] == UID
         assert env["PET_MAX_RESTARTS"] == "7"
         assert env["PET_RDZV_CONF"] == ("is_host=1" if i == 0 else "is_host=0")
+        # Workers get time to commit a checkpoint on SIGTERM before torchrun kills them,
+        # within the pod's own grace period.
+        assert int(env["PET_SHUTDOWN_TIMEOUT"]) + 30 <= pod["spec"]["terminationGracePeriodSeconds"]
+        assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
         assert env["PYTHONUNBUFFERED"] == "1"
         assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} & env.keys()
 

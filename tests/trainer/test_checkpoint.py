@@ -1,5 +1,6 @@
 """Checkpoint library on real gloo ranks: FSDP2 round trip and resharding, retention,
-damaged-checkpoint fallback, skipped uncommitted folders, single-shot save_model/load_model.
+damaged-checkpoint fallback, skipped uncommitted folders, single-shot save_model/load_model,
+export to one file.
 
 One save at world size 2, then one load per world size (1, 3, 4), each on its own copy.
 """
@@ -23,6 +24,7 @@ from torch.distributed.fsdp import fully_shard
 from brain_trainer.checkpoint import CheckpointManager, TrainState, latest_checkpoint, load_model, save_model
 from brain_trainer.checkpoint import store
 from brain_trainer.config import CheckpointConfig
+from brain_trainer.export import main as export_main
 
 STEPS, INTERVAL, KEEP = 6, 2, 2
 
@@ -205,3 +207,23 @@ def test_resume_at_other_world_size_exact_and_falls_back_when_damaged(saved, tmp
     if world_size == 1:
         assert torch.equal(out["rng"], reference["rng"])
 
+
+
+def test_export_writes_one_file_loadable_without_process_group(saved, tmp_path, capsys):
+    root, reference = saved
+    out = tmp_path / "model.pt"
+    assert export_main([str(root), str(out), "--dtype", "bf16"]) == 0
+    exported = torch.load(out)
+    expected = reference["full"][STEPS]["model"]
+    assert exported.keys() == expected.keys()
+    assert all(exported[k].dtype == torch.bfloat16 and torch.equal(exported[k], expected[k].bfloat16()) for k in expected)
+    model = nn.Sequential(nn.Linear(12, 37), nn.Tanh(), nn.Linear(37, 11), nn.Tanh(), nn.Linear(11, 5))
+    model.load_state_dict(torch.load(out))  # a plain module, no process group
+
+    assert export_main([str(tmp_path / "nowhere"), str(tmp_path / "x.pt")]) == 1
+    assert "neither a committed checkpoint" in capsys.readouterr().err
+    damaged = tmp_path / "damaged"
+    shutil.copytree(root / store.step_dir_name(STEPS), damaged)
+    (damaged / "__0_0.distcp").write_bytes(b"")
+    assert export_main([str(damaged), str(tmp_path / "y.pt")]) == 1
+    assert "__0_0.distcp: 0 bytes" in capsys.readouterr().err and not (tmp_path / "y.pt").exists()

@@ -18,17 +18,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 from harness import free_port
 
 from brain_trainer import exitcodes
 from brain_trainer.checkpoint import store
-from brain_trainer.config import DistributedConfig
 from brain_trainer.data import RankAwareSampler, SyntheticDataset
 from brain_trainer.export import export
 

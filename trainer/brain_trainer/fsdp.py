@@ -42,7 +42,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 class ShardingPolicy:
     """What FSDPWrapper does to a model, resolved for one world size."""
 
-    units: tuple[str, ...]  # qualified module names sharded as their own group, innermost first; root last
+    units: tuple[str, ...]  # qualified names sharded as their own group, innermost first (the root follows)
     reshard_after_forward: bool
     mesh_shape: tuple[int, ...]  # (shard,) or (replicate, shard)
     mesh_dim_names: tuple[str, ...]

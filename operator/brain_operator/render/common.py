@@ -28,6 +28,9 @@ MANAGED_BY = {"app.kubernetes.io/name": "brain-train", "app.kubernetes.io/manage
 RUN_AS_USER = 1000
 # SIGTERM makes the trainer commit a checkpoint before exiting; a 7B sharded save needs minutes.
 TERMINATION_GRACE_SECONDS = 300
+# torchrun forwards SIGTERM to its workers and SIGKILLs them after this long (its
+# default, 30 s, is too short for a save); the margin lets torchrun itself exit.
+SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - 30
 
 CONFIG_VOLUME = "config"
 SHM_VOLUME = "dshm"

@@ -11,6 +11,7 @@ from typing import Any
 from ..spec import Job, node_range
 from .common import (
     REPLICA_INDEX_LABEL,
+    SHUTDOWN_TIMEOUT_SECONDS,
     build_checkpoint_claim,
     build_config_map,
     metadata,
@@ -46,6 +47,10 @@ def torchrun_env(job: Job, index: int) -> list[dict[str, str]]:
         {"name": "PET_RDZV_ID", "value": job.uid or job.name},
         {"name": "PET_MAX_RESTARTS", "value": str(spec.elastic.max_restarts)},
         {"name": "PET_RDZV_CONF", "value": f"is_host={1 if index == 0 else 0}"},
+        {"name": "PET_SHUTDOWN_TIMEOUT", "value": str(SHUTDOWN_TIMEOUT_SECONDS)},
+        # A restarted worker group must not read the dead group's gloo/NCCL addresses
+        # from a store it shares with torchrun (pytorch/pytorch#135712).
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
     ]
 
 

@@ -85,6 +85,10 @@ def _verify(folder: Path, manifest: dict[str, Any], group: dist.ProcessGroup | N
     return [problem for problems in _gather(mine, group) for problem in problems]
 
 
+def _restart_count() -> str:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
 def _write_termination_message() -> None:
     path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
     try:
@@ -135,7 +139,6 @@ class CheckpointManager:
         """Load the newest committed, intact checkpoint into state; returns its step or None."""
         if not self.cfg.enabled:
             return None
-        restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         candidates = None
         if self.rank == 0:
             candidates = store.list_checkpoints(self.root)
@@ -160,7 +163,8 @@ class CheckpointManager:
             self.last_committed = (candidate.step, candidate.path)
             return state.step
         if self.rank == 0:
-            log.info("no committed checkpoint in %s: starting from scratch (torchrun restart count %s)", self.root, restarts)
+            log.info("no committed checkpoint in %s: starting from scratch (torchrun restart count %s)",
+                     self.root, _restart_count())
         return None
 
     def _load(self, state: TrainState, candidate: store.Candidate) -> None:
@@ -177,7 +181,7 @@ class CheckpointManager:
             log.info(
                 "resumed from %s: step %d, global sample index %d, saved at world size %s, now %d, torchrun restart count %s",
                 candidate.path, state.step, state.sample_index, manifest.get("world_size"), self.world_size,
-                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+                _restart_count(),
             )
             if manifest.get("config_hash") != self.config_hash:
                 log.warning("%s was written with config %s, this run has %s", candidate.path, manifest.get("config_hash"), self.config_hash)
