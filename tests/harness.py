@@ -6,17 +6,24 @@
     results = run_ranks(body, 2, 3.0)   # [result of rank 0, result of rank 1]
 
 Each rank gets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT in its
-environment and a gloo default process group already initialised; the group is
+environment, one intra-op thread (two ranks on two cores must not fight over
+threads), and a gloo default process group already initialised; the group is
 destroyed afterwards. A rank's exception fails the call with its traceback.
+
+Return plain values (numbers, lists, dicts; `tensor.tolist()`), not tensors:
+a tensor travels as shared memory that vanishes when its rank exits.
 """
 
 from __future__ import annotations
 
 import os
+import queue as queue_module
 import socket
+import time
 import traceback
 from typing import Any, Callable
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -27,7 +34,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue) -> None:
+def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results) -> None:
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -36,27 +43,48 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, que
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         try:
-            queue.put((rank, True, fn(rank, world_size, *args)))
+            results.put((rank, True, fn(rank, world_size, *args)))
         finally:
             dist.destroy_process_group()
     except BaseException:
-        queue.put((rank, False, traceback.format_exc()))
+        results.put((rank, False, traceback.format_exc()))
         raise
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 180.0) -> list[Any]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.start_processes(_entry, args=(world_size, free_port(), fn, args, queue), nprocs=world_size,
-                       join=True, start_method="spawn")
-    results: dict[int, Any] = {}
-    while not queue.empty():
-        rank, ok, value = queue.get()
-        if not ok:
-            raise AssertionError(f"rank {rank} failed:\n{value}")
-        results[rank] = value
-    assert sorted(results) == list(range(world_size)), f"missing results: {sorted(results)}"
-    return [results[r] for r in range(world_size)]
+def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
+    results = mp.get_context("spawn").Queue()
+    procs = mp.start_processes(
+        _entry, args=(world_size, free_port(), fn, args, results), nprocs=world_size, join=False, start_method="spawn"
+    )
+    collected: dict[int, tuple[bool, Any]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        # Drain while the ranks run: a result larger than the pipe's buffer
+        # keeps its rank alive until somebody reads it.
+        while len(collected) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=1.0)
+                collected[rank] = (ok, value)
+                if not ok:
+                    break
+            except queue_module.Empty:
+                if procs.join(timeout=0):  # every rank exited; a crash raises here
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks did not finish within {timeout:.0f} s")
+        for rank, (ok, value) in sorted(collected.items()):
+            if not ok:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+        while not procs.join(timeout=max(1.0, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks did not exit within {timeout:.0f} s")
+    finally:
+        for process in procs.processes:
+            if process.is_alive():
+                process.kill()
+    assert sorted(collected) == list(range(world_size)), f"missing results: {sorted(collected)}"
+    return [collected[r][1] for r in range(world_size)]
