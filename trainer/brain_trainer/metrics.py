@@ -67,15 +67,20 @@ class MetricsServer:
         unknown = set(extras) - set(_EXTRAS)
         if unknown:
             raise TypeError(f"unknown metrics: {sorted(unknown)}")
+        # Under the lock a scrape never sees the step of one update with the loss of another.
         with self._lock:
             self._progress = dict(progress)
-        for key, value in {**progress, **extras}.items():
-            if key in self._gauges and isinstance(value, (int, float)):
-                self._gauges[key].set(value)
+            for key, value in {**progress, **extras}.items():
+                if key in self._gauges and isinstance(value, (int, float)):
+                    self._gauges[key].set(value)
 
     def progress_json(self) -> bytes:
         with self._lock:
             return json.dumps(self._progress).encode()
+
+    def metrics_text(self) -> bytes:
+        with self._lock:
+            return generate_latest(self.registry)
 
     def close(self) -> None:
         self._server.shutdown()
@@ -89,7 +94,7 @@ class MetricsServer:
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 path = self.path.split("?", 1)[0]
                 if path == METRICS_PATH:
-                    self._reply(200, CONTENT_TYPE_LATEST, generate_latest(server.registry))
+                    self._reply(200, CONTENT_TYPE_LATEST, server.metrics_text())
                 elif path == PROGRESS_PATH:
                     self._reply(200, "application/json", server.progress_json())
                 else:
