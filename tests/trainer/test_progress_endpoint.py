@@ -69,3 +69,4 @@ def test_progress_and_metrics_report_a_rising_step_and_the_logged_loss(tmp_path)
         assert step >= doc["step"] and round(metric(text, "brain_trainer_loss"), 4) == logged[step]
         assert metric(text, "brain_trainer_tokens_per_second") > 0
         assert metric(text, "brain_trainer_restarts") == 0
+        assert metric(text, "brain_trainer_peak_memory_bytes") > 2**20  # a torch process holds far more than 1 MiB

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
@@ -104,6 +105,13 @@ def autocast_context(policy: str, device: torch.device) -> contextlib.AbstractCo
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak accelerator memory of this rank; on CPU, the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
 class Reporter:
     """Rank 0's outputs at logging steps: the log line, the progress document, the metrics endpoint."""
 
@@ -115,7 +123,7 @@ class Reporter:
         self.last: Optional[Progress] = None
 
     def report(self, step: int, loss: float, tokens_per_second: float, step_time: float, lr: float,
-               last_checkpoint_step: Optional[int]) -> None:
+               last_checkpoint_step: Optional[int], peak_memory: int) -> None:
         if not self.active:
             return
         log.info(
@@ -134,6 +142,7 @@ class Reporter:
             ),
             step_time=step_time,
             learning_rate=lr,
+            peak_memory_bytes=peak_memory,
         )
 
     def checkpointed(self, step: Optional[int]) -> None:
@@ -253,7 +262,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         step_time = (now - last_log_time) / steps
         reporter.report(
             state.step, mean_loss, tokens_per_step / step_time, step_time,
-            scheduler.get_last_lr()[0], committed_step(ckpt),
+            scheduler.get_last_lr()[0], committed_step(ckpt), peak_memory_bytes(device),
         )
         history.append((state.step, mean_loss))
         running_loss.zero_()
