@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import socket
 import sys
 import sysconfig
 import tempfile
@@ -32,6 +31,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from brain_trainer.config import TrainerConfig
 from brain_trainer.data import ByteFileDataset
+from brain_trainer.launcher import free_port
 from brain_trainer.model import build_model
 from brain_trainer.train import train
 
@@ -106,9 +106,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=6)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.start_processes(_rank, args=(port, args.steps, args.repeats, queue), nprocs=WORLD_SIZE, start_method="spawn")

@@ -28,11 +28,13 @@ class CliError(Exception):
 
 
 def load_manifest(path: Path) -> dict[str, Any]:
-    """The YAML document in `path` (ConfigError with one readable line when it is not one)."""
+    """The YAML mapping in `path`: CliError when the file is unreadable or not YAML, ConfigError when not a mapping."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -19,7 +19,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
 
 from .events import Event
-from .render.common import JOB_NAME_LABEL
+from .render.common import JOB_NAME_LABEL, label_selector
 from .spec import API_VERSION, KIND
 from .status import format_time
 
@@ -89,7 +89,8 @@ class KubernetesClient:
             return None
 
     def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
-        found = self._resource(api_version, kind).get(namespace=namespace, label_selector=f"{JOB_NAME_LABEL}={job_name}")
+        selector = label_selector({JOB_NAME_LABEL: job_name})
+        found = self._resource(api_version, kind).get(namespace=namespace, label_selector=selector)
         return list(found.to_dict().get("items") or [])
 
     def create(self, obj: Mapping[str, Any]) -> bool:

@@ -1,7 +1,8 @@
 """The BrainTrainingJob CustomResourceDefinition and its field reference, generated from the spec model.
 
-`python -m brain_operator.crd` writes deploy/crd/braintrainingjob.yaml and
-docs/crd.md; `--check` exits 1 when either differs from what the model says.
+`python -m brain_operator.crd` writes deploy/crd/braintrainingjob.yaml, the
+chart's copy in charts/brain-operator/crds/ and docs/crd.md; `--check` exits 1
+when any of them differs from what the model says.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ functions are pure.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any, Callable, Mapping, Optional, Protocol, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
+
+from .progress import json_object, number
 
 __all__ = [
     "Display",
@@ -39,10 +40,10 @@ def read_progress(path: Path) -> Optional[dict[str, Any]]:
     foreign writer; it reads as "no news" rather than stopping the run.
     """
     try:
-        doc = json.loads(path.read_text())
+        text = path.read_text()
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) else None
+    return json_object(text)
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -52,11 +53,6 @@ def format_duration(seconds: Optional[float]) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
-
-
-def _num(doc: Mapping[str, Any], key: str) -> Optional[float]:
-    value = doc.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _loss(value: Optional[float]) -> str:
@@ -69,11 +65,11 @@ def _rate(value: Optional[float]) -> str:
 
 def progress_line(doc: Mapping[str, Any]) -> str:
     """`step 120/200 (60%)  loss 2.1342  12,345 tok/s  ETA 0m32s`"""
-    step, total = int(_num(doc, "step") or 0), int(_num(doc, "total_steps") or 0)
+    step, total = int(number(doc, "step") or 0), int(number(doc, "total_steps") or 0)
     percent = f" ({100 * step // total}%)" if total else ""
     return (
-        f"step {step}/{total or '?'}{percent}  loss {_loss(_num(doc, 'loss'))}  "
-        f"{_rate(_num(doc, 'tokens_per_second'))} tok/s  ETA {format_duration(_num(doc, 'eta_seconds'))}"
+        f"step {step}/{total or '?'}{percent}  loss {_loss(number(doc, 'loss'))}  "
+        f"{_rate(number(doc, 'tokens_per_second'))} tok/s  ETA {format_duration(number(doc, 'eta_seconds'))}"
     )
 
 
@@ -175,11 +171,11 @@ class RichDisplay:
             return
         self.progress.update(
             self.task,
-            completed=int(_num(doc, "step") or 0),
-            total=int(_num(doc, "total_steps") or 0) or None,
-            loss=_loss(_num(doc, "loss")),
-            rate=_rate(_num(doc, "tokens_per_second")),
-            eta=format_duration(_num(doc, "eta_seconds")),
+            completed=int(number(doc, "step") or 0),
+            total=int(number(doc, "total_steps") or 0) or None,
+            loss=_loss(number(doc, "loss")),
+            rate=_rate(number(doc, "tokens_per_second")),
+            eta=format_duration(number(doc, "eta_seconds")),
         )
 
     def close(self) -> None:

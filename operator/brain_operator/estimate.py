@@ -7,6 +7,8 @@ the per-rank breakdown of the strategy the job asks for, the strategy
 
 from __future__ import annotations
 
+import math
+
 from brain_trainer.memory import GIB, choose_strategy, plan_memory, strategy_ladder
 from brain_trainer.schema import ConfigError, FieldError
 
@@ -25,8 +27,8 @@ def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[
             [FieldError("spec.model.entrypoint", "the planner sizes presets only; a user model's size is unknown without torch")]
         )
     gib = DEFAULT_DEVICE_MEMORY_GIB if device_memory_gib is None else device_memory_gib
-    if gib <= 0:
-        raise ConfigError([FieldError("--device-memory", f"must be > 0 GiB, got {gib}")])
+    if not 0 < gib < math.inf:  # also refuses nan, which argparse's float accepts
+        raise ConfigError([FieldError("--device-memory", f"must be a finite number > 0 GiB, got {gib}")])
     memory = int(gib * GIB)
     dist, training = cfg.distributed, cfg.training
     ranks = world_size(job.spec)

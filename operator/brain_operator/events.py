@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from .status import FAILED, RESTARTING, is_disruption
+from .status import FAILED, RESTARTING, is_disruption, terminated_states, true_condition
 
 NORMAL, WARNING = "Normal", "Warning"
 
@@ -33,14 +33,7 @@ class PodExit:
 
 def pod_exit(pod: Mapping[str, Any]) -> PodExit:
     status = pod.get("status") or {}
-    terminated = next(
-        (
-            (c.get("state") or {}).get("terminated")
-            for c in status.get("containerStatuses") or []
-            if (c.get("state") or {}).get("terminated")
-        ),
-        {},
-    )
+    terminated = next(iter(terminated_states(pod)), {})
     # A pod-level reason (Evicted, Preempted) explains more than the container's.
     reason = status.get("reason") or terminated.get("reason") or "Error"
     message = (status.get("message") or terminated.get("message") or "").strip()
@@ -76,7 +69,4 @@ def compute_events(
 
 
 def _phase_message(status: Mapping[str, Any]) -> str:
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == status.get("phase") and condition.get("status") == "True":
-            return condition.get("message") or ""
-    return ""
+    return (true_condition(status, status.get("phase")) or {}).get("message") or ""

@@ -16,7 +16,7 @@ are garbage-collected with the job.
 from __future__ import annotations
 
 import asyncio
-import json
+import http.client
 import logging
 import threading
 import urllib.request
@@ -27,10 +27,11 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import kopf
 from brain_trainer.config import METRICS_PORT
+from brain_trainer.schema import ConfigError
 
 from .cluster import ClusterClient, KubernetesClient
 from .metrics import OperatorMetrics
-from .progress import changed, progress_status
+from .progress import changed, json_object, progress_status
 from .reconcile import POD, reconcile
 from .render.common import JOB_NAME_LABEL
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults, parse_job
@@ -44,16 +45,18 @@ RESYNC_SECONDS = 30.0
 # A worker that does not answer in time is skipped until the next resync.
 PROGRESS_TIMEOUT_SECONDS = 2.0
 PROGRESS_PATH = "/progress"
+# A progress document is a few hundred bytes; a worker answering more is not trusted with the operator's memory.
+PROGRESS_MAX_BYTES = 64 * 1024
 
 
 def fetch_json(url: str) -> Optional[dict[str, Any]]:
-    """GET a JSON object; None when the worker is unreachable or answers garbage."""
+    """GET a JSON object; None when the worker is unreachable or answers garbage (or too much)."""
     try:
         with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:  # noqa: S310 - http to a pod IP
-            doc = json.loads(response.read())
-    except (OSError, ValueError):
+            body = response.read(PROGRESS_MAX_BYTES + 1)
+    except (OSError, ValueError, http.client.HTTPException):  # HTTPException: not HTTP, or cut short
         return None
-    return doc if isinstance(doc, dict) else None
+    return json_object(body) if len(body) <= PROGRESS_MAX_BYTES else None
 
 
 def progress_urls(pods: Sequence[Mapping[str, Any]], port: int) -> list[str]:
@@ -100,11 +103,9 @@ def reconcile_job(context: Context, namespace: str, name: str) -> Optional[dict[
     with context.lock(namespace, name), context.metrics.reconcile():
         manifest = context.client.get_job(namespace, name)
         context.remember(namespace, name, manifest is not None)
-        if manifest is None:
-            context.metrics.observe_phase(namespace, name, None)
-            return None
-        status = reconcile(manifest, context.client, context.clock(), context.defaults)
-    context.metrics.observe_phase(namespace, name, status.get("phase"))
+        status = None if manifest is None else reconcile(manifest, context.client, context.clock(), context.defaults)
+        # Under the job's lock: a slower reconcile must not record its older phase after a newer one.
+        context.metrics.observe_phase(namespace, name, None if status is None else status.get("phase"))
     return status
 
 
@@ -115,7 +116,10 @@ def poll_progress(context: Context, namespace: str, name: str) -> None:
         status = (manifest or {}).get("status") or {}
         if manifest is None or status.get("phase") != RUNNING:
             return
-        job = parse_job(manifest, defaults=context.defaults)
+        try:
+            job = parse_job(manifest, defaults=context.defaults)
+        except ConfigError:
+            return  # edited into an invalid spec since its reconcile: the next one reports it
         if job.spec.backend != "elastic":
             return
         pods = context.client.list_children(*POD, namespace, name)
@@ -170,8 +174,10 @@ def on_pod(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> No
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 def on_delete(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     # optional=True: no finalizer; this only forgets the job.
-    memo.context.remember(namespace, name, False)
-    memo.context.metrics.observe_phase(namespace, name, None)
+    context = memo.context
+    with context.lock(namespace, name):
+        context.remember(namespace, name, False)
+        context.metrics.observe_phase(namespace, name, None)
 
 
 def run(

@@ -34,7 +34,7 @@ from brain_trainer.exitcodes import PREEMPTED
 from brain_trainer.progress import PROGRESS_FILE_ENV
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
-from .local_plan import LocalPlan, LocalRunError, localize_manifest, plan_local, process_env
+from .local_plan import LocalPlan, LocalRunError, LocalWorker, localize_manifest, plan_local, process_env
 from .render import render_elastic
 from .spec import parse_job
 
@@ -68,11 +68,13 @@ def planner(manifest: Mapping[str, Any], *, base_dir: Path, workdir: Optional[Pa
     )
     objects = render_elastic(job)
     folder = (workdir or Path("runs") / job.name).resolve()
+    # One metrics port for the whole run: trainer.yaml, which carries it, is written once.
+    metrics_port = free_port()
     return lambda port: plan_local(
         objects,
         workdir=folder,
         rdzv_port=port,
-        metrics_port=free_port(),
+        metrics_port=metrics_port,
         python=sys.executable,
         backoff_limit=job.spec.run_policy.backoff_limit,
         cpu_count=os.cpu_count() or 1,
@@ -113,7 +115,8 @@ def _adopted(agents: set[int], marker: bytes) -> list[int]:
 class _Group:
     """One attempt: a torchrun agent per worker pod, each its own session (like a container)."""
 
-    def __init__(self, plan: LocalPlan, lines: Lines):
+    def __init__(self, plan: LocalPlan, lines: Lines, adopting: bool):
+        self.adopting = adopting
         self.marker = f"{PROGRESS_FILE_ENV}={plan.progress_file}".encode()
         self.scratch = [folder for worker in plan.workers for folder in worker.scratch_dirs]
         for folder in self.scratch:
@@ -122,23 +125,31 @@ class _Group:
             folder.mkdir(parents=True)
         self.procs: list[subprocess.Popen] = []
         self.readers: list[threading.Thread] = []
-        for worker in plan.workers:
-            proc = subprocess.Popen(
-                worker.argv,
-                env=process_env(os.environ, worker),
-                cwd=plan.workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                bufsize=1,
-                start_new_session=True,
-            )
-            reader = threading.Thread(target=_pump, args=(worker.name, proc, lines), daemon=True)
-            reader.start()
-            self.procs.append(proc)
-            self.readers.append(reader)
+        try:
+            for worker in plan.workers:
+                self._start(worker, plan.workdir, lines)
+        except BaseException:
+            # The agents already started must not outlive a failed start.
+            self.kill()
+            raise
+
+    def _start(self, worker: LocalWorker, workdir: Path, lines: Lines) -> None:
+        proc = subprocess.Popen(
+            worker.argv,
+            env=process_env(os.environ, worker),
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        reader = threading.Thread(target=_pump, args=(worker.name, proc, lines), daemon=True)
+        reader.start()
+        self.readers.append(reader)
 
     def codes(self) -> list[Optional[int]]:
         return [p.poll() for p in self.procs]
@@ -149,7 +160,7 @@ class _Group:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
 
-    def kill(self, adopting: bool) -> None:
+    def kill(self) -> None:
         """SIGKILL whatever is left of every pod, agents and trainers alike, then free the scratch folders."""
         for p in self.procs:
             try:
@@ -158,12 +169,15 @@ class _Group:
                 pass
             p.wait()
         agents = {p.pid for p in self.procs}
-        while adopting and (orphans := _adopted(agents, self.marker)):
+        while self.adopting and (orphans := _adopted(agents, self.marker)):
             for pid in orphans:
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                # The group takes a trainer's own children; the pid itself, an orphan that leads no group
+                # (waiting on a process that was never killed would hang).
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 os.waitpid(pid, 0)
         for reader in self.readers:
             reader.join()
@@ -211,7 +225,7 @@ class _Runner:
         pods: SIGTERM (the trainers commit a checkpoint if they can), a grace
         period, then SIGKILL.
         """
-        group = _Group(plan, self.lines)
+        group = _Group(plan, self.lines, self.adopting)
         failure: Optional[tuple[str, int]] = None
         ending_since: Optional[float] = None
         try:
@@ -232,7 +246,7 @@ class _Runner:
                 self.wake.wait(POLL_SECONDS)
                 self.wake.clear()
         finally:
-            group.kill(self.adopting)
+            group.kill()
             self._refresh()
 
     def run(self) -> tuple[str, int, str]:

@@ -18,6 +18,7 @@ import yaml
 from brain_trainer.progress import PROGRESS_FILE_ENV
 
 from .render import JOB_NAME_LABEL, REPLICA_INDEX_LABEL
+from .spec import LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES
 
 __all__ = [
     "LocalPlan",
@@ -38,13 +39,6 @@ _MARK = Path("\0")
 # A data path may start with this placeholder: the local runner expands it to
 # the Python standard library's folder, text that every machine has.
 STDLIB_PLACEHOLDER = "{stdlib}"
-
-# Inherited variables that would change what torchrun or the trainer does;
-# a worker gets them only from its pod.
-_LAUNCH_PREFIXES = ("PET_", "TORCHELASTIC_")
-_LAUNCH_KEYS = frozenset(
-    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
-)
 
 
 class LocalRunError(RuntimeError):
@@ -281,6 +275,6 @@ def plan_local(
 
 
 def process_env(inherited: Mapping[str, str], worker: LocalWorker) -> dict[str, str]:
-    """The worker's whole environment: the caller's, less launch variables, plus the pod's."""
-    clean = {k: v for k, v in inherited.items() if k not in _LAUNCH_KEYS and not k.startswith(_LAUNCH_PREFIXES)}
+    """The worker's whole environment: the caller's, less launch variables (a worker gets those only from its pod), plus the pod's."""
+    clean = {k: v for k, v in inherited.items() if k not in LAUNCH_ENV_KEYS and not k.startswith(LAUNCH_ENV_PREFIXES)}
     return {**clean, **worker.env}

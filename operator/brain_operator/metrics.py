@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+from .status import PHASES
 
 
 class OperatorMetrics:

@@ -1,32 +1,37 @@
 """Rank 0's progress document -> `status.progress` and `status.lastCheckpoint` (pure).
 
-The operator polls each running job's rank-0 `/progress` endpoint on a timer;
-these functions decide when to poll and what to write, so a large fleet does
-not flood the API server: a job is polled at most once per interval and its
-status is patched only when the answer changed.
+The operator polls each running job's rank-0 `/progress` endpoint once per
+resync (`handlers.RESYNC_SECONDS`); these functions decide what to write, so
+a large fleet does not flood the API server: a job's status is patched only
+when the answer changed.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+import json
+from datetime import datetime
 from typing import Any, Mapping, Optional
 
-# Minimum seconds between two polls of one job.
-POLL_INTERVAL_SECONDS = 15.0
-
-
-def due_for_poll(last_polled: Optional[datetime], now: datetime, interval: float = POLL_INTERVAL_SECONDS) -> bool:
-    return last_polled is None or now - last_polled >= timedelta(seconds=interval)
-
+from .status import format_time
 
 def checkpoint_path(mount_path: str, step: int) -> str:
     """Where the trainer commits the checkpoint of `step` (see brain_trainer.checkpoint)."""
     return f"{mount_path.rstrip('/')}/step-{step:08d}"
 
 
-def _number(doc: Mapping[str, Any], key: str) -> Optional[float]:
+def json_object(text: str | bytes) -> Optional[dict[str, Any]]:
+    """A progress document parsed from `text`; None for anything else (garbage, a list, a torn write)."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def number(doc: Mapping[str, Any], key: str) -> Optional[float]:
+    """A numeric field of a progress document; None when absent or not a number (true is not 1)."""
     value = doc.get(key)
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def progress_status(
@@ -38,19 +43,19 @@ def progress_status(
     stand, so a restarting pod never blanks what `kubectl get btj` shows.
     """
     out = {k: previous[k] for k in ("progress", "lastCheckpoint") if k in previous}
-    step = _number(doc, "step") if doc else None
+    step = number(doc, "step") if doc else None
     if step is None:
         return out
     progress = {
         "step": int(step),
-        "totalSteps": _int_or_none(_number(doc, "total_steps")),
-        "loss": _round(_number(doc, "loss")),
-        "tokensPerSecond": _round(_number(doc, "tokens_per_second")),
-        "etaSeconds": _int_or_none(_number(doc, "eta_seconds")),
-        "updatedAt": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "totalSteps": _int_or_none(number(doc, "total_steps")),
+        "loss": _round(number(doc, "loss")),
+        "tokensPerSecond": _round(number(doc, "tokens_per_second")),
+        "etaSeconds": _int_or_none(number(doc, "eta_seconds")),
+        "updatedAt": format_time(now),
     }
     out["progress"] = {k: v for k, v in progress.items() if v is not None}
-    ckpt = _number(doc, "last_checkpoint_step")
+    ckpt = number(doc, "last_checkpoint_step")
     if ckpt is not None and ckpt > 0:
         out["lastCheckpoint"] = {"step": int(ckpt), "path": checkpoint_path(mount_path, int(ckpt))}
     return out

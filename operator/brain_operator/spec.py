@@ -55,17 +55,13 @@ RESOURCE_NAME_PATTERN = r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z
 QUANTITY_PATTERN = r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?"
 GPU_RESOURCE = "nvidia.com/gpu"
 
-# Environment the renderers own: torchrun's PET_* contract, the rank variables
-# torchrun sets itself, and the keys rendered from typed fields.
-RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_")
+# What decides how torchrun launches: its PET_* contract and the rank variables it sets itself.
+LAUNCH_ENV_PREFIXES = ("PET_", "TORCHELASTIC_")
+LAUNCH_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+# Environment the renderers own: the launch variables and the keys rendered from typed fields.
+RESERVED_ENV_PREFIXES = LAUNCH_ENV_PREFIXES
 RESERVED_ENV_KEYS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
+    *LAUNCH_ENV_KEYS,
     "PYTHONUNBUFFERED",
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "NCCL_DEBUG",
@@ -261,7 +257,9 @@ class RunPolicySpec:
 
     backoff_limit: int = setting(3, minimum=0, help="failed pods recreated before the job fails (evictions do not count)")
     active_deadline_seconds: Optional[int] = setting(None, minimum=1, help="fail the job after this long")
-    ttl_seconds_after_finished: Optional[int] = setting(None, minimum=0, help="delete the job this long after it finished")
+    ttl_seconds_after_finished: Optional[int] = setting(
+        None, minimum=0, help="delete the workers this long after the job finished; the job and its status stay"
+    )
     suspend: bool = setting(False, help="delete the pods and keep the job (Kueue sets this)")
 
 

@@ -58,15 +58,27 @@ class PodView:
         return self.phase in (SUCCEEDED, FAILED)
 
 
+def true_condition(status: Mapping[str, Any], kind: str) -> Optional[Mapping[str, Any]]:
+    """The condition of type `kind` when its status is "True" (a pod's or a job's), else None."""
+    return next(
+        (c for c in status.get("conditions") or [] if c.get("type") == kind and c.get("status") == "True"), None
+    )
+
+
+def terminated_states(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The `state.terminated` record of each of the pod's containers that ended."""
+    states = ((c.get("state") or {}).get("terminated") for c in (pod.get("status") or {}).get("containerStatuses") or [])
+    return [t for t in states if t]
+
+
 def pod_view(pod: Mapping[str, Any]) -> PodView:
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
-    conditions = status.get("conditions") or []
     return PodView(
         name=meta.get("name", ""),
         index=_replica_index(meta),
         phase=status.get("phase") or PENDING,
-        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+        ready=true_condition(status, "Ready") is not None,
         terminating=bool(meta.get("deletionTimestamp")),
         disrupted=is_disruption(pod),
     )
@@ -86,13 +98,11 @@ def is_disruption(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     if status.get("reason") in DISRUPTION_REASONS:
         return True
-    if any(c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in status.get("conditions") or []):
+    if true_condition(status, "DisruptionTarget") is not None:
         return True
-    for container in status.get("containerStatuses") or []:
-        terminated = (container.get("state") or {}).get("terminated") or {}
-        if terminated.get("exitCode") == PREEMPTED or PREEMPTED_MESSAGE in (terminated.get("message") or ""):
-            return True
-    return False
+    return any(
+        t.get("exitCode") == PREEMPTED or PREEMPTED_MESSAGE in (t.get("message") or "") for t in terminated_states(pod)
+    )
 
 
 @dataclass(frozen=True)
@@ -128,10 +138,7 @@ def is_terminal(previous: Mapping[str, Any]) -> bool:
 
 
 def failure_reason(previous: Mapping[str, Any]) -> Optional[str]:
-    for condition in previous.get("conditions") or []:
-        if condition.get("type") == FAILED and condition.get("status") == "True":
-            return condition.get("reason")
-    return None
+    return (true_condition(previous, FAILED) or {}).get("reason")
 
 
 def worker_counts(pods: Sequence[PodView], desired: int) -> dict[str, int]:
@@ -223,7 +230,7 @@ def pytorchjob_status(
             message, since = found.get("message") or "", found.get("lastTransitionTime")
             break
     restarts = int(previous.get("restarts") or 0)
-    if phase == RESTARTING and since and since != _transition_time(previous, RESTARTING):
+    if phase == RESTARTING and since and since != (true_condition(previous, RESTARTING) or {}).get("lastTransitionTime"):
         # Each new Restarting transition of the PyTorchJob is one restart; our
         # Restarting condition keeps its time, so a repeat read does not count twice.
         restarts += 1
@@ -307,9 +314,3 @@ def _conditions(
         out.append({"type": kind, "status": status, "reason": why, "message": text, "lastTransitionTime": changed_at})
     return out
 
-
-def _transition_time(previous: Mapping[str, Any], kind: str) -> Optional[str]:
-    for condition in previous.get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "True":
-            return condition.get("lastTransitionTime")
-    return None

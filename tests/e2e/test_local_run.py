@@ -45,8 +45,22 @@ def start(job: Path, workdir: Path) -> subprocess.Popen:
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=240)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise
     return proc.returncode, out
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a run that overstayed as Ctrl-C would (the runner ends its workers), then for good."""
+    proc.terminate()
+    try:
+        proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
 
 
 def committed_steps(workdir: Path) -> list[int]:
@@ -132,7 +146,12 @@ def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(r
                 killed = agent_of(1, workdir)
                 os.kill(killed, signal.SIGKILL)
     out = "".join(lines)
-    assert proc.wait(timeout=60) == 0, out
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise
+    assert code == 0, out
     assert killed is not None, "the run ended before a worker could be killed"
     fields = summary(out)
     assert fields["status"] == "Succeeded" and int(fields["restarts"]) >= 1

@@ -121,11 +121,12 @@ def test_validate_without_local_requires_the_image(capsys, monkeypatch):
     [
         ("spec: [unclosed", "not valid YAML"),
         ("- just\n- a list\n", "a BrainTrainingJob must be a mapping, got list"),
+        (b"spec: \xff\xfe\n", "not UTF-8 text"),
     ],
 )
 def test_unreadable_manifests_are_one_line(text, message, tmp_path, capsys):
     path = tmp_path / "job.yaml"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     for command in ("validate", "run", "render", "estimate"):
         code, _, err = run_cli(capsys, command, path)
         assert code == 1 and len(err.splitlines()) == 1 and message in err, (command, err)
@@ -154,6 +155,12 @@ def test_estimate_of_a_model_that_fits_nowhere_is_one_clear_line(tmp_path, capsy
     assert code == 1
     assert len(err.splitlines()) == 1
     assert f"{path}: distributed.strategy: auto:" in err and "does not fit in 1.0 GiB per rank" in err
+
+
+@pytest.mark.parametrize("gib", ["0", "-1", "nan", "inf"])
+def test_estimate_refuses_a_device_memory_that_is_no_size(gib, capsys):
+    code, _, err = run_cli(capsys, "estimate", GPU_7B, "--device-memory", gib)
+    assert code == 1 and len(err.splitlines()) == 1 and "--device-memory: must be a finite number > 0 GiB" in err
 
 
 def test_operator_needs_a_namespace_choice(capsys):

@@ -136,6 +136,49 @@ def test_progress_is_read_from_whichever_pod_holds_rank_0():
     assert handlers.fetch_json("http://127.0.0.1:1/progress") is None
 
 
+def test_an_oversized_progress_answer_is_ignored():
+    import http.server
+
+    class Huge(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"step": 1, "pad": "x" * handlers.PROGRESS_MAX_BYTES}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Huge)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+        assert handlers.fetch_json(f"http://127.0.0.1:{server.server_port}/progress") is None
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_worker_that_does_not_speak_http_reads_as_no_answer():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def answer_garbage():
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"garbage\r\n\r\n")
+
+        thread = threading.Thread(target=answer_garbage)
+        thread.start()
+        try:
+            assert handlers.fetch_json(f"http://127.0.0.1:{listener.getsockname()[1]}/progress") is None
+        finally:
+            thread.join()
+
+
 def test_run_needs_a_scope():
     with pytest.raises(ValueError, match="namespace"):
         handlers.run()

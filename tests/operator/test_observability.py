@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from brain_operator.metrics import OperatorMetrics
-from brain_operator.progress import changed, due_for_poll, progress_status
+from brain_operator.progress import changed, progress_status
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 DOC = {"step": 120, "total_steps": 200, "loss": 2.123456, "tokens_per_second": 5321.77,
@@ -35,10 +35,7 @@ def test_no_checkpoint_yet_means_no_last_checkpoint():
     assert "lastCheckpoint" not in out and out["progress"]["step"] == 120
 
 
-def test_polling_is_rate_limited_and_patches_only_news():
-    assert due_for_poll(None, NOW)
-    assert not due_for_poll(NOW - timedelta(seconds=5), NOW, interval=15)
-    assert due_for_poll(NOW - timedelta(seconds=15), NOW, interval=15)
+def test_a_poll_patches_only_news():
     a = progress_status(DOC, {}, now=NOW, mount_path="/c")
     b = progress_status(DOC, {}, now=NOW + timedelta(seconds=30), mount_path="/c")
     assert not changed(a, b)

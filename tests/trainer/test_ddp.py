@@ -1,6 +1,7 @@
 """DDPWrapper on real gloo ranks: loss parity with one process, exact metric means, group ownership."""
 
 import hashlib
+from datetime import timedelta
 
 import pytest
 import torch
@@ -91,10 +92,19 @@ def test_setup_creates_and_cleanup_destroys_its_own_group(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     assert not dist.is_initialized()
-    wrapper = DDPWrapper(_WithBatchNorm(), DistributedConfig(strategy="ddp", backend="auto"))
+    timeouts = []
+    init = dist.init_process_group
+
+    def spy(*args, **kwargs):
+        timeouts.append(kwargs.get("timeout"))
+        return init(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "init_process_group", spy)
+    wrapper = DDPWrapper(_WithBatchNorm(), DistributedConfig(strategy="ddp", backend="auto", timeout_seconds=123))
     try:
         model = wrapper.setup(0, 1)
         assert dist.get_backend() == "gloo"  # auto on a CPU machine
+        assert timeouts == [timedelta(seconds=123)], "distributed.timeout_seconds reaches the process group"
         # SyncBatchNorm cannot run on CPU, so the BatchNorm stays and the model still trains
         assert type(model.module.norm) is nn.BatchNorm1d
         model(torch.randn(5, 3)).sum().backward()

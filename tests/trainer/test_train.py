@@ -1,8 +1,10 @@
 """The training loop: torchrun end to end, world-size equivalence, and its pure helpers."""
 
+import importlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -94,6 +96,30 @@ def test_same_losses_at_any_world_size_and_accumulation(monkeypatch):
         monkeypatch.setenv("MASTER_PORT", str(free_port()))
         single = train(_small_job("single", **training))
         assert [loss for _, loss in single.history] == pytest.approx(losses, rel=1e-4), training
+
+
+def test_a_failing_loop_gives_sigterm_back(tmp_path, monkeypatch):
+    """The checkpoint manager holds SIGTERM while training; an error must not leave it swallowing the signal."""
+    # One process; set through monkeypatch so that what train() exports does not leak into other tests.
+    for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(key, value)
+
+    def broken_loader(*args, **kwargs):
+        raise RuntimeError("data went away")
+
+    # import_module: the package attribute `brain_trainer.train` is the function, not the module
+    monkeypatch.setattr(importlib.import_module("brain_trainer.train"), "RankAwareDataLoader", broken_loader)
+    cfg = TrainerConfig.from_dict({
+        "training": {"steps": 2, "seq_len": 16},
+        "checkpoint": {"dir": str(tmp_path / "checkpoints")},
+        "metrics": {"port": 0},
+    })
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RuntimeError, match="data went away"):
+        train(cfg)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert not torch.distributed.is_initialized(), "the process group train() created is destroyed"
 
 
 def test_single_strategy_refuses_more_than_one_rank():

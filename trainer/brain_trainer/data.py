@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .config import DataConfig, DistributedConfig
+from .launcher import env_int
 from .schema import ConfigError, FieldError
 
 VOCAB_SIZE = 256  # byte-level tokens
@@ -56,9 +57,9 @@ class ByteFileDataset(Dataset):
                     chunks.append(f.read())
             except OSError as exc:
                 raise ConfigError([FieldError("data.path", f"cannot read {path}: {exc.strerror}")]) from None
-        data = b"".join(chunks)
+        data = bytearray().join(chunks)  # writable, as torch.frombuffer wants, without a second copy
         self.num_files = len(files)
-        self.tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        self.tokens = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         self._len = len(data) // (seq_len + 1)
         if self._len == 0:
             raise ConfigError(
@@ -187,7 +188,7 @@ class RankAwareSampler(DistributedSampler):
 def _default_rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    return env_int(os.environ, "RANK", default=0), env_int(os.environ, "WORLD_SIZE", default=1, minimum=1)
 
 
 class RankAwareDataLoader:

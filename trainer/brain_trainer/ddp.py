@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import timedelta
 from typing import Optional
 
 import torch
@@ -23,6 +24,14 @@ def local_device() -> torch.device:
     return torch.device("cpu")
 
 
+def use_local_device() -> torch.device:
+    """local_device(), made CUDA's current device so that kernels and NCCL run on this rank's GPU."""
+    device = local_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
 def ensure_process_group(config: DistributedConfig, rank: int, world_size: int) -> bool:
     """Join the default process group (env:// rendezvous); reuse one that exists.
 
@@ -38,7 +47,8 @@ def ensure_process_group(config: DistributedConfig, rank: int, world_size: int) 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank: must be in [0, world_size={world_size}), got {rank}")
     backend = config.resolved_backend(torch.cuda.is_available())
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=config.timeout_seconds))
     return True
 
 
@@ -72,9 +82,7 @@ class DDPWrapper(ProcessGroupUser):
 
     def setup(self, rank: int, world_size: int) -> nn.Module:
         self.join_process_group(rank, world_size)
-        device = local_device()
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        device = use_local_device()
         model = self.model.to(device)
         if self.config.sync_batchnorm and has_batchnorm(model):
             if device.type == "cpu":

@@ -19,8 +19,7 @@ from typing import Optional, Sequence
 import torch
 
 from .checkpoint import shards, store
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from .fsdp import DTYPES
 
 
 class ExportError(Exception):
@@ -56,8 +55,12 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: Optiona
         state_dict = {k: v.to(target) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in state_dict.items()}
     out = Path(out)
     tmp = out.with_name(out.name + store.TMP_SUFFIX)
-    torch.save(state_dict, tmp)
-    os.replace(tmp, out)  # never a half-written OUT
+    try:
+        torch.save(state_dict, tmp)
+        os.replace(tmp, out)  # never a half-written OUT
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return folder
 
 

@@ -33,7 +33,8 @@ from torch.optim import Optimizer
 
 from . import checkpoint as checkpoints
 from .config import DistributedConfig
-from .ddp import ProcessGroupUser, local_device
+from .ddp import ProcessGroupUser, use_local_device
+from .launcher import env_int
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -122,9 +123,7 @@ class FSDPWrapper(ProcessGroupUser):
     def setup(self, rank: int, world_size: int) -> nn.Module:
         """Shard in place; a model built on the meta device stays there (call `to_empty` + init after)."""
         self.join_process_group(rank, world_size)
-        device = local_device()
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        device = use_local_device()
         policy = self.get_sharding_policy(world_size)
         self.mesh = init_device_mesh(device.type, policy.mesh_shape, mesh_dim_names=policy.mesh_dim_names)
         modules = dict(self.model.named_modules())
@@ -143,10 +142,8 @@ class FSDPWrapper(ProcessGroupUser):
             if not dist.is_initialized():
                 raise RuntimeError("get_sharding_policy() needs world_size= or an initialised process group")
             world_size = dist.get_world_size()
-        raw = os.environ.get("LOCAL_WORLD_SIZE", str(world_size))
-        if not raw.isdigit():
-            raise ValueError(f"LOCAL_WORLD_SIZE: must be an integer, got {raw!r}")
-        return sharding_policy(self.config, unit_names(self.model), world_size, int(raw))
+        local_world_size = env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size)
+        return sharding_policy(self.config, unit_names(self.model), world_size, local_world_size)
 
     def save_distributed_checkpoint(self, path: str, *, optimizer: Optional[Optimizer] = None) -> None:
         """Every rank writes its shards (torch.distributed.checkpoint, committed atomically)."""

@@ -139,11 +139,11 @@ def torch_environment(
 
 
 def _from_slurm(env: Mapping[str, str], config: DistributedConfig) -> dict[str, str]:
-    world_size = _integer(env, "SLURM_NTASKS", minimum=1)
+    world_size = env_int(env, "SLURM_NTASKS", minimum=1)
     if "SLURM_NTASKS_PER_NODE" in env and env["SLURM_NTASKS_PER_NODE"].isdigit():
-        local_world_size = _integer(env, "SLURM_NTASKS_PER_NODE", minimum=1)
+        local_world_size = env_int(env, "SLURM_NTASKS_PER_NODE", minimum=1)
     elif "SLURM_TASKS_PER_NODE" in env:
-        local_world_size = tasks_on_node(env["SLURM_TASKS_PER_NODE"], _integer(env, "SLURM_NODEID", default=0))
+        local_world_size = tasks_on_node(env["SLURM_TASKS_PER_NODE"], env_int(env, "SLURM_NODEID", default=0))
     else:
         local_world_size = world_size
     if "MASTER_ADDR" in env:
@@ -153,29 +153,29 @@ def _from_slurm(env: Mapping[str, str], config: DistributedConfig) -> dict[str, 
     else:
         master_addr = config.master_addr
     return dict(
-        RANK=str(_integer(env, "SLURM_PROCID")),
+        RANK=str(env_int(env, "SLURM_PROCID")),
         WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(_integer(env, "SLURM_LOCALID", default=0)),
+        LOCAL_RANK=str(env_int(env, "SLURM_LOCALID", default=0)),
         LOCAL_WORLD_SIZE=str(local_world_size),
         MASTER_ADDR=master_addr,
-        MASTER_PORT=str(_integer(env, "MASTER_PORT", default=config.master_port)),
+        MASTER_PORT=str(env_int(env, "MASTER_PORT", default=config.master_port)),
     )
 
 
 def _from_manual(env: Mapping[str, str], config: DistributedConfig) -> dict[str, str]:
-    rank = _integer(env, "RANK")
-    world_size = _integer(env, "WORLD_SIZE", minimum=1)
+    rank = env_int(env, "RANK")
+    world_size = env_int(env, "WORLD_SIZE", minimum=1)
     if world_size % config.num_nodes:
         nodes = config.num_nodes
         raise _error("WORLD_SIZE", f"must be a multiple of distributed.num_nodes ({nodes}), got {world_size}")
-    local_world_size = _integer(env, "LOCAL_WORLD_SIZE", default=world_size // config.num_nodes, minimum=1)
+    local_world_size = env_int(env, "LOCAL_WORLD_SIZE", default=world_size // config.num_nodes, minimum=1)
     return dict(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(_integer(env, "LOCAL_RANK", default=rank % local_world_size)),
+        LOCAL_RANK=str(env_int(env, "LOCAL_RANK", default=rank % local_world_size)),
         LOCAL_WORLD_SIZE=str(local_world_size),
         MASTER_ADDR=_require(env, "MASTER_ADDR"),
-        MASTER_PORT=str(_integer(env, "MASTER_PORT", default=config.master_port)),
+        MASTER_PORT=str(env_int(env, "MASTER_PORT", default=config.master_port)),
     )
 
 
@@ -186,9 +186,10 @@ def _require(env: Mapping[str, str], key: str) -> str:
     return value
 
 
-def _integer(
+def env_int(
     env: Mapping[str, str], key: str, *, default: Optional[int] = None, minimum: int = 0, maximum: Optional[int] = None
 ) -> int:
+    """The integer variable `key` of `env` (`default` when unset); ConfigError naming it when malformed."""
     if key not in env and default is not None:
         return default
     raw = _require(env, key)
@@ -203,15 +204,20 @@ def _integer(
     return value
 
 
+def restart_count(env: Mapping[str, str] = os.environ) -> int:
+    """Worker-group restarts so far, as torchrun counts them (0 when torchrun did not start us)."""
+    return env_int(env, "TORCHELASTIC_RESTART_COUNT", default=0)
+
+
 def _error(variable: str, message: str) -> ConfigError:
     return ConfigError([FieldError(variable, message)])
 
 
 def _check_ranks(out: Mapping[str, str]) -> None:
     """Cross-variable rules; values are integers by now except for torchrun's, checked here too."""
-    _integer(out, "MASTER_PORT", minimum=1, maximum=65535)
+    env_int(out, "MASTER_PORT", minimum=1, maximum=65535)
     for rank_key, size_key in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
-        rank, size = _integer(out, rank_key), _integer(out, size_key)
+        rank, size = env_int(out, rank_key), env_int(out, size_key)
         if rank >= size:
             raise _error(rank_key, f"must be < {size_key} ({size}), got {rank}")
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Mapping, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
+from .launcher import restart_count
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class MetricsServer:
             "brain_trainer_restarts", "Worker-group restarts seen by torchrun (TORCHELASTIC_RESTART_COUNT)",
             registry=self.registry,
         )
-        restarts.set(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0))
+        restarts.set(restart_count())
         self._progress: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), self._handler())

@@ -30,7 +30,7 @@ from .accumulation import GradientAccumulator
 from .checkpoint import CheckpointManager, SampleLog, TrainState
 from .config import DistributedConfig, TrainerConfig
 from .data import RankAwareDataLoader, build_dataset
-from .ddp import DDPWrapper, all_reduce_mean, ensure_process_group, local_device
+from .ddp import DDPWrapper, all_reduce_mean, ensure_process_group, use_local_device
 from .fsdp import FSDPWrapper
 from .launcher import DistributedLauncher
 from .memory import resolve_distributed
@@ -153,7 +153,10 @@ class Reporter:
     def _publish(self, progress: Progress, **extras: float) -> None:
         self.last = progress
         if self.progress_path:
-            write_progress(self.progress_path, progress)
+            try:
+                write_progress(self.progress_path, progress)
+            except OSError as exc:  # like the metrics endpoint, progress reporting never stops training
+                log.warning("cannot write the progress document %s: %s", self.progress_path, exc.strerror or exc)
         if self.metrics is not None:
             self.metrics.publish(progress.as_dict(), **extras)
 
@@ -169,20 +172,17 @@ def train(cfg: TrainerConfig) -> TrainResult:
     launcher = DistributedLauncher(cfg.distributed)
     os.environ.update(launcher.torch_environment())
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = local_device()
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    owns_group = ensure_process_group(cfg.distributed, rank, world_size)
-    reporter = Reporter(cfg, rank)
-    try:
-        return _run(cfg, dataset, rank, world_size, device, reporter)
-    finally:
-        reporter.close()
-        if owns_group:
-            dist.destroy_process_group()
+    device = use_local_device()
+    with contextlib.ExitStack() as cleanup:  # undone in reverse order, whatever happens
+        if ensure_process_group(cfg.distributed, rank, world_size):
+            cleanup.callback(dist.destroy_process_group)
+        reporter = Reporter(cfg, rank)
+        cleanup.callback(reporter.close)
+        return _run(cfg, dataset, rank, world_size, device, reporter, cleanup)
 
 
-def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter) -> TrainResult:
+def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter,
+         cleanup: contextlib.ExitStack) -> TrainResult:
     training = cfg.training
     dist_cfg = resolve_strategy(cfg, world_size, device)
     accumulation = cfg.accumulation_steps(world_size)
@@ -206,6 +206,9 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
 
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash())
+    # After finish() or a preemption it is closed already; after an error this
+    # gives SIGTERM back its default meaning without waiting for a save in flight.
+    cleanup.callback(ckpt.close, wait=False)
     ckpt.restore(state)
     sample_log = SampleLog.from_env(rank)
     dataset = sample_log.wrap(dataset)

@@ -6,7 +6,7 @@ Pure: a parsed Job in, plain manifest dicts out.
 from __future__ import annotations
 
 import copy
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from brain_trainer.config import METRICS_PORT
 
@@ -64,9 +64,14 @@ def selector_labels(job: Job) -> dict[str, str]:
     return {JOB_NAME_LABEL: job.name}
 
 
+def label_selector(labels: Mapping[str, str]) -> str:
+    """Equality-based label selector text: `k1=v1,k2=v2`."""
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
 def selector(job: Job) -> str:
     """`selector_labels` as a label-selector string (status.selector, for the scale subresource)."""
-    return ",".join(f"{k}={v}" for k, v in selector_labels(job).items())
+    return label_selector(selector_labels(job))
 
 
 def job_labels(job: Job) -> dict[str, str]:

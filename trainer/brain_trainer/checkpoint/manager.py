@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from .. import exitcodes
 from ..config import CheckpointConfig
+from ..launcher import restart_count
 from . import shards, store
 from .state import TrainState, rng_key
 
@@ -83,10 +84,6 @@ def _verify(folder: Path, manifest: dict[str, Any], group: dist.ProcessGroup | N
     rank, world = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
     mine = store.verify_files(folder, manifest["files"], names[rank::world])
     return [problem for problems in _gather(mine, group) for problem in problems]
-
-
-def _restart_count() -> str:
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 
 
 def _write_termination_message() -> None:
@@ -164,7 +161,7 @@ class CheckpointManager:
             return state.step
         if self.rank == 0:
             log.info("no committed checkpoint in %s: starting from scratch (torchrun restart count %s)",
-                     self.root, _restart_count())
+                     self.root, restart_count())
         return None
 
     def _load(self, state: TrainState, candidate: store.Candidate) -> None:
@@ -181,7 +178,7 @@ class CheckpointManager:
             log.info(
                 "resumed from %s: step %d, global sample index %d, saved at world size %s, now %d, torchrun restart count %s",
                 candidate.path, state.step, state.sample_index, manifest.get("world_size"), self.world_size,
-                _restart_count(),
+                restart_count(),
             )
             if manifest.get("config_hash") != self.config_hash:
                 log.warning("%s was written with config %s, this run has %s", candidate.path, manifest.get("config_hash"), self.config_hash)
@@ -214,12 +211,20 @@ class CheckpointManager:
         if pending is not None:
             pending.result()
 
-    def close(self) -> None:
-        self.wait()
-        self._executor.shutdown(wait=True)
+    def close(self, *, wait: bool = True) -> None:
+        """Release the commit thread, the staging hook and the SIGTERM handler (idempotent).
+
+        wait=False is for a loop that failed: a save in flight is not waited
+        for (it commits if it completes, else stays an uncommitted .tmp), and
+        SIGTERM gets its default meaning back so the process can be stopped.
+        """
+        if wait:
+            self.wait()
+        self._executor.shutdown(wait=wait)
         if self._hook is not None:
             self._hook.remove()
-            self._stager.close()
+            if wait:  # else a save in flight may still be writing from the staged buffers
+                self._stager.close()
             self._hook = self._stager = None
         if self._previous_handler is not None:
             signal.signal(signal.SIGTERM, self._previous_handler)

@@ -16,6 +16,8 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
+from ..launcher import restart_count
+
 SAMPLE_LOG_ENV = "BRAIN_SAMPLE_LOG"
 
 
@@ -36,7 +38,7 @@ class SampleLog:
     def __init__(self, path: str | None, rank: int):
         self.path = path
         self.rank = rank
-        self.attempt = f"{os.getppid()}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        self.attempt = f"{os.getppid()}-{restart_count()}"
         self._seen: list[int] = []
 
     @classmethod
