@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import queue as queue_module
-import socket
 import time
 import traceback
 from typing import Any, Callable
@@ -27,11 +26,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from brain_trainer.launcher import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port", "run_ranks"]
 
 
 def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results) -> None:

@@ -21,25 +21,23 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, TextIO
+from typing import Any, Callable, Mapping, Optional, TextIO
 
+from brain_trainer.checkpoint.store import Candidate, list_checkpoints
 from brain_trainer.exitcodes import PREEMPTED
+from brain_trainer.launcher import free_port
 from brain_trainer.progress import PROGRESS_FILE_ENV
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
 from .local_plan import LocalPlan, LocalRunError, LocalWorker, localize_manifest, plan_local, process_env
 from .render import render_elastic
 from .spec import parse_job
-
-if TYPE_CHECKING:
-    from brain_trainer.checkpoint.store import Candidate
 
 __all__ = ["free_port", "newest_committed", "planner", "run_job"]
 
@@ -52,12 +50,6 @@ STOP_GRACE_SECONDS = 60.0
 PR_SET_CHILD_SUBREAPER = 36
 
 Lines = "queue.Queue[tuple[str, str]]"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def planner(manifest: Mapping[str, Any], *, base_dir: Path, workdir: Optional[Path]) -> Callable[[int], LocalPlan]:
@@ -269,12 +261,8 @@ class _Runner:
             plan = self.plan_for(free_port())
 
 
-def newest_committed(root: Path) -> Optional["Candidate"]:
+def newest_committed(root: Path) -> Optional[Candidate]:
     """The newest checkpoint with a manifest (what the trainer resumes from)."""
-    # Imported here: the brain_trainer.checkpoint package imports torch, which
-    # a bad manifest should not wait for.
-    from brain_trainer.checkpoint.store import list_checkpoints
-
     return next((c for c in list_checkpoints(root) if c.manifest is not None), None)
 
 

@@ -7,7 +7,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from brain_trainer.config import TrainingConfig
-from brain_trainer.schedule import WarmupCosine, peak_learning_rate
+from brain_trainer.schedule import WarmupCosine, follow_config, peak_learning_rate
 
 
 def test_warmup_rises_linearly_to_the_peak():
@@ -50,3 +50,34 @@ def test_from_config_and_through_lambdalr():
 def test_linear_scaling_by_effective_batch(scaling, batch, expected):
     cfg = TrainingConfig(learning_rate=3e-4, lr_scaling=scaling, reference_batch_size=256)
     assert math.isclose(peak_learning_rate(cfg, batch), expected)
+
+
+def _lambda_lr(total_steps: int, peak: float) -> LambdaLR:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    return LambdaLR(optimizer, WarmupCosine(warmup_steps=2, total_steps=total_steps, min_lr_ratio=0.1))
+
+
+def test_a_resume_with_more_steps_stretches_the_decay():
+    saved = _lambda_lr(total_steps=10, peak=1.0)
+    for _ in range(6):
+        saved.optimizer.step()
+        saved.step()
+    state = saved.state_dict()
+
+    same = _lambda_lr(total_steps=10, peak=1.0)
+    same.load_state_dict(state)
+    follow_config(same, WarmupCosine(2, 10, 0.1), peak_lr=1.0)
+    assert same.get_last_lr() == saved.get_last_lr()  # an unchanged config resumes exactly
+    same.optimizer.step()
+    same.step()
+    saved.optimizer.step()
+    saved.step()
+    assert same.get_last_lr() == saved.get_last_lr()
+
+    longer = _lambda_lr(total_steps=20, peak=2.0)
+    longer.load_state_dict(state)  # restores the old schedule object and base LR ...
+    follow_config(longer, WarmupCosine(2, 20, 0.1), peak_lr=2.0)  # ... which this run's config replaces
+    assert longer.optimizer.param_groups[0]["lr"] == 2.0 * WarmupCosine(2, 20, 0.1)(6)
+    longer.optimizer.step()
+    longer.step()
+    assert longer.get_last_lr() == [2.0 * WarmupCosine(2, 20, 0.1)(7)]

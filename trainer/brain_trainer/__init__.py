@@ -5,10 +5,8 @@ they load lazily: `import brain_trainer.config` stays torch-free for the
 operator.
 """
 
-from importlib import import_module
-from typing import Any
-
 from .config import DistributedConfig, TrainerConfig, load_config
+from .lazy import lazy_exports
 from .memory import choose_strategy, plan_memory, resolve_distributed
 from .presets import MODEL_PRESETS, BrainAIConfig, param_count
 from .schema import ConfigError
@@ -43,11 +41,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
-        # Cache it; this also replaces the submodule attribute that importing
-        # `.train` set on the package, so `brain_trainer.train` is the function.
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _LAZY, globals())

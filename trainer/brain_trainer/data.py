@@ -27,9 +27,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from .config import DataConfig, DistributedConfig
 from .launcher import env_int
+from .presets import VOCAB_SIZE
 from .schema import ConfigError, FieldError
-
-VOCAB_SIZE = 256  # byte-level tokens
 
 
 def _windows(tokens: torch.Tensor, index: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .presets import NGRAM_ORDERS, BrainAIConfig, preset_config
+from .presets import NGRAM_ORDERS, VOCAB_SIZE, BrainAIConfig, preset_config
 from .schema import ConfigError, FieldError
 
 INIT_STD = 0.02
-BOS = 256  # stands for the positions before the first byte in n-gram ids
+BOS = VOCAB_SIZE  # stands for the positions before the first byte in n-gram ids (one past the last byte)
 HASH_MULTIPLIER = 2654435761  # Knuth's multiplicative hash constant
 SCAN_CHUNK = 16
 MAX_LOG_DECAY = 4.0  # SCAN_CHUNK * MAX_LOG_DECAY = 64 < 88, where exp overflows float32

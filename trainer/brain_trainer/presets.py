@@ -45,10 +45,6 @@ class BrainAIConfig:
             yield "n_heads", f"must divide d_model ({self.d_model}), got {self.n_heads}"
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
     def ffn_hidden(self) -> int:
         width = int(self.ffn_ratio * self.d_model)
         return -(-width // FFN_MULTIPLE) * FFN_MULTIPLE

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import TrainingConfig
+
+if TYPE_CHECKING:  # torch stays out of this module's imports
+    from torch.optim.lr_scheduler import LambdaLR
 
 
 @dataclass
@@ -39,3 +43,16 @@ def peak_learning_rate(training: TrainingConfig, effective_batch_size: int) -> f
     if training.lr_scaling == "linear":
         return training.learning_rate * effective_batch_size / training.reference_batch_size
     return training.learning_rate
+
+
+def follow_config(scheduler: "LambdaLR", schedule: WarmupCosine, peak_lr: float) -> None:
+    """Make a resumed LambdaLR follow this run's schedule rather than the checkpoint's.
+
+    A checkpoint restores the schedule object and the base LRs it was saved
+    with; a resume with more `steps` (or another peak) must stretch the decay
+    instead. For an unchanged config this changes nothing.
+    """
+    scheduler.lr_lambdas = [schedule for _ in scheduler.optimizer.param_groups]
+    scheduler.base_lrs = [peak_lr for _ in scheduler.optimizer.param_groups]
+    for group in scheduler.optimizer.param_groups:
+        group["lr"] = peak_lr * schedule(scheduler.last_epoch)

@@ -37,7 +37,7 @@ from .memory import resolve_distributed
 from .metrics import start_metrics_server
 from .model import build_model
 from .progress import PROGRESS_FILE_ENV, Progress, eta_seconds, utc_timestamp, write_progress
-from .schedule import WarmupCosine, peak_learning_rate
+from .schedule import WarmupCosine, follow_config, peak_learning_rate
 from .schema import ConfigError, FieldError
 
 log = logging.getLogger(__name__)
@@ -193,13 +193,15 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     model = wrap_model(build_model(cfg.model), dist_cfg, rank, world_size, device)
     forward = torch.compile(model) if training.compile and device.type == "cuda" else model
 
+    peak_lr = peak_learning_rate(training, global_batch)
     optimizer = torch.optim.AdamW(
         param_groups(model, training.weight_decay),
-        lr=peak_learning_rate(training, global_batch),
+        lr=peak_lr,
         betas=ADAMW_BETAS,
         fused=True if device.type == "cuda" else None,  # one kernel for all parameters on GPU
     )
-    scheduler = LambdaLR(optimizer, WarmupCosine.from_config(training))
+    schedule = WarmupCosine.from_config(training)
+    scheduler = LambdaLR(optimizer, schedule)
     fp16_cuda = dist_cfg.mixed_precision_policy == "fp16" and device.type == "cuda"
     scaler = GradScaler("cuda") if fp16_cuda else None
     acc = GradientAccumulator(accumulation, scaler, model=model, max_grad_norm=training.grad_clip)
@@ -209,7 +211,8 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     # After finish() or a preemption it is closed already; after an error this
     # gives SIGTERM back its default meaning without waiting for a save in flight.
     cleanup.callback(ckpt.close, wait=False)
-    ckpt.restore(state)
+    if ckpt.restore(state) is not None:
+        follow_config(scheduler, schedule, peak_lr)
     sample_log = SampleLog.from_env(rank)
     dataset = sample_log.wrap(dataset)
 

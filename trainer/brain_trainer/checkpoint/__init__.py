@@ -8,15 +8,25 @@
         ckpt.after_step(state)           # interval saves; SIGTERM -> save, commit, exit PREEMPTED
     ckpt.finish(state)
 
-Modules: store (folder layout, manifest, commit, retention; torch-free),
+Modules: store (folder layout, manifest, commit, retention; torch-free, as is
+importing this package),
 shards (DCP reads and writes), state (TrainState), manager (policy),
 sample_log (opt-in per-step record of consumed samples, for resume checks).
 """
 
-from .manager import CheckpointError, CheckpointManager, Preempted, load_model, save_model
-from .sample_log import SampleLog
-from .state import TrainState
+from ..lazy import lazy_exports
 from .store import ManifestError, latest_checkpoint
+
+# These import torch; `store` (and so `latest_checkpoint`) does not.
+_LAZY = {
+    "CheckpointError": "manager",
+    "CheckpointManager": "manager",
+    "Preempted": "manager",
+    "load_model": "manager",
+    "save_model": "manager",
+    "SampleLog": "sample_log",
+    "TrainState": "state",
+}
 
 __all__ = [
     "CheckpointError",
@@ -29,3 +39,5 @@ __all__ = [
     "load_model",
     "save_model",
 ]
+
+__getattr__ = lazy_exports(__name__, _LAZY, globals())
