@@ -1,6 +1,6 @@
 """brain_trainer's loop against a plain DDP loop: same model, data and steps on 2 gloo ranks.
 
-    .venv/bin/python benchmarks/trainer_overhead.py [--steps 60] [--repeats 6]
+    .venv/bin/python benchmarks/trainer_overhead.py [--steps 200] [--repeats 4]
 
 Prints, for whole runs (setup included; median over interleaved repeats after
 one warm-up of each), tokens per wall second and per CPU second of rank 0,
@@ -103,8 +103,8 @@ def _rank(rank: int, port: int, steps: int, repeats: int, queue) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
     port = free_port()
     ctx = mp.get_context("spawn")

@@ -118,9 +118,10 @@ class CheckpointManager:
         self._hook: Any = None
         self._stop_requested = False
         self._previous_handler: Any = None
-        distributed = dist.is_initialized()
         # Two groups: async saves talk on one from a background thread; restore,
         # barriers and the per-step SIGTERM vote talk on the other from this thread.
+        # Creating a group is a collective: only when checkpoints are on (the same on every rank).
+        distributed = cfg.enabled and dist.is_initialized()
         self._save_group = dist.new_group(backend="gloo") if distributed else None
         self._group = dist.new_group(backend="gloo") if distributed else None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
