@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import yaml
+from brain_trainer.config import read_yaml
 from brain_trainer.schema import ConfigError, FieldError
 
 from . import __version__
@@ -30,15 +31,9 @@ class CliError(Exception):
 def load_manifest(path: Path) -> dict[str, Any]:
     """The YAML mapping in `path`: CliError when the file is unreadable or not YAML, ConfigError when not a mapping."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"{path}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise CliError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CliError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        data = read_yaml(path)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None  # it names the file already
     if not isinstance(data, dict):
         raise ConfigError([FieldError("", f"a BrainTrainingJob must be a mapping, got {type(data).__name__}")])
     return data

@@ -93,7 +93,7 @@ def test_distributed_presets_and_backend():
 
 
 def test_unreadable_or_invalid_yaml_is_one_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read config"):
+    with pytest.raises(ConfigError, match="missing.yaml: cannot read: "):
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("training: [unclosed\n")

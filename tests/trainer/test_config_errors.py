@@ -66,9 +66,12 @@ def test_bad_config_is_one_line_per_field_and_exit_2(tmp_path, text, fields, wor
 def test_unreadable_and_malformed_files(tmp_path):
     missing = run_trainer(tmp_path / "absent.yaml")
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
-    assert missing.stderr.startswith("error: cannot read config") and "absent.yaml" in missing.stderr
+    assert missing.stderr.startswith(f"error: {tmp_path / 'absent.yaml'}: cannot read: No such file or directory")
     broken = tmp_path / "broken.yaml"
     broken.write_text("training: {steps: [\n")
-    proc = run_trainer(broken)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("error: ") and "not valid YAML" in proc.stderr
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"training: \xff\xfe\n")
+    for path, problem in ((broken, "not valid YAML"), (binary, "not UTF-8 text")):
+        proc = run_trainer(path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.startswith(f"error: {path}: {problem}") and len(proc.stderr.splitlines()) == 1

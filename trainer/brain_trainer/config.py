@@ -215,14 +215,22 @@ class TrainerConfig:
         return from_dict(cls, data)
 
 
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in `path`; one ConfigError line when it cannot be read or parsed."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        problem = f"cannot read: {exc.strerror}"
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 text: {exc.reason} at byte {exc.start}"
+    else:
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            problem = f"not valid YAML: {' '.join(str(exc).split())}"  # one line, however long the mark
+    raise ConfigError([FieldError("", f"{path}: {problem}")])
+
+
 def load_config(path: str | Path) -> TrainerConfig:
     """Read and validate a trainer.yaml; raises ConfigError naming each bad field."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError([FieldError("", f"cannot read config {path}: {exc.strerror}")]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([FieldError("", f"{path} is not valid YAML: {exc}")]) from None
-    return TrainerConfig.from_dict(data)
+    return TrainerConfig.from_dict(read_yaml(path))
