@@ -76,11 +76,7 @@ def _ddp_run(rank, world_size):
         return allreduce_hook(state, bucket)
 
     model.register_comm_hook(None, counting_hook)
-    optimizer = optimizer_for(model)
-    captured = _capture_grads(optimizer, model)
-    acc = GradientAccumulator(K, model=model, max_grad_norm=CLIP)
-    trace = _accumulate(model, acc, optimizer, _micro_batches(rank, world_size), counter)
-    return trace, captured[0]
+    return _counted_accumulation(model, counter, rank, world_size)
 
 
 def _fsdp_run(rank, world_size):
@@ -89,6 +85,11 @@ def _fsdp_run(rank, world_size):
     for module in model.modules():
         if isinstance(module, FSDPModule):  # runs once per parameter group per gradient reduction
             module.set_all_reduce_hook(lambda reduced: counter.__setitem__(0, counter[0] + 1))
+    return _counted_accumulation(model, counter, rank, world_size)
+
+
+def _counted_accumulation(model, counter, rank, world_size):
+    """K micro-steps through GradientAccumulator: the reduction count per micro-step and the stepped gradients."""
     optimizer = optimizer_for(model)
     captured = _capture_grads(optimizer, model)
     acc = GradientAccumulator(K, model=model, max_grad_norm=CLIP)
