@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 from brain_trainer.progress import PROGRESS_FILE_ENV
@@ -33,8 +33,6 @@ __all__ = [
 
 LOOPBACK = "127.0.0.1"
 TRAINER_FILE = "trainer.yaml"
-# Stands for "some local folder" when asking whether a path lies under a mount.
-_MARK = Path("\0")
 
 # A data path may start with this placeholder: the local runner expands it to
 # the Python standard library's folder, text that every machine has.
@@ -70,14 +68,20 @@ class LocalPlan:
     workers: list[LocalWorker]
 
 
+def _below(value: str, mount: str) -> Optional[str]:
+    """The part of `value` below the in-pod mount path ("" for the mount itself); None outside it."""
+    root = mount.rstrip("/")
+    if value in (mount, root):
+        return ""
+    return value[len(root) + 1 :] if value.startswith(root + "/") else None
+
+
 def rewrite_path(value: str, mounts: Mapping[str, Path]) -> str:
     """A value that is, or lies under, an in-pod mount path, moved to the local folder."""
     for mount in sorted(mounts, key=len, reverse=True):
-        root = mount.rstrip("/")
-        if value == mount or value == root:
-            return str(mounts[mount])
-        if value.startswith(root + "/"):
-            return str(mounts[mount] / value[len(root) + 1 :])
+        rest = _below(value, mount)
+        if rest is not None:
+            return str(mounts[mount] / rest)
     return value
 
 
@@ -121,7 +125,7 @@ def _container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _mount_of(pod: Mapping[str, Any], path: str) -> str:
     """The name of the pod's volume whose mount holds `path` (the deepest one)."""
-    holding = [m for m in _container(pod).get("volumeMounts", []) if rewrite_path(path, {m["mountPath"]: _MARK}) != path]
+    holding = [m for m in _container(pod).get("volumeMounts", []) if _below(path, m["mountPath"]) is not None]
     if not holding:
         raise LocalRunError(f"{path} is on no volume of pod {pod['metadata']['name']}")
     return max(holding, key=lambda m: len(m["mountPath"]))["name"]
