@@ -25,6 +25,8 @@ from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse
 from .status import (
     BACKOFF_LIMIT_EXCEEDED,
     DEADLINE_EXCEEDED,
+    FAILED,
+    SUCCEEDED,
     Failure,
     Observation,
     PodView,
@@ -157,7 +159,7 @@ def _plan_elastic(
     # A failed pod is reported once: when it is replaced, or when it ends the job.
     reported = [
         existing[ref] for ref, p in live.items()
-        if not terminal and p.phase == "Failed" and (ref in gone or pod_plan.failure)
+        if not terminal and p.phase == FAILED and (ref in gone or pod_plan.failure)
     ]
     seen = Observation(
         generation=job.generation,
@@ -193,7 +195,7 @@ def _plan_pods(
     """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes."""
     limit = job.spec.run_policy.backoff_limit
     surplus = [ref for ref in live if ref not in wanted]
-    failed = [ref for ref, p in live.items() if ref in wanted and p.phase == "Failed"]
+    failed = [ref for ref, p in live.items() if ref in wanted and p.phase == FAILED]
     counted = [ref for ref in failed if not live[ref].disrupted]
     if failure is None and restarts + len(counted) > limit:
         failure = Failure(
@@ -203,7 +205,7 @@ def _plan_pods(
         )
     if failure is not None:
         return _PodPlan(restarts, deletes=[ref for ref, p in live.items() if not p.finished], failure=failure)
-    if any(p.phase == "Succeeded" for p in live.values()):
+    if any(p.phase == SUCCEEDED for p in live.values()):
         # Training is over once a worker succeeded: a new pod would wait for a rendezvous that never comes.
         still_running = any(not p.finished for ref, p in live.items() if ref in wanted)
         return _PodPlan(restarts, deletes=surplus, failure=None if still_running else _incomplete_success(live, wanted))
@@ -289,7 +291,7 @@ def _ttl_expired(previous: Mapping[str, Any], ttl: Optional[int], now: datetime)
 
 
 def _incomplete_success(live: Mapping[ObjectRef, PodView], wanted: Mapping[ObjectRef, Any]) -> Optional[Failure]:
-    missed = sorted(ref.name for ref in wanted if ref not in live or live[ref].phase != "Succeeded")
+    missed = sorted(ref.name for ref in wanted if ref not in live or live[ref].phase != SUCCEEDED)
     if not missed:
         return None
     return Failure("WorkersFailed", f"training ended but these workers did not succeed: {', '.join(missed)}")
