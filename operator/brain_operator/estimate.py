@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from brain_trainer.memory import GIB, choose_strategy, plan_memory, strategy_ladder
+from brain_trainer.memory import GIB, first_fit, plan_ladder, plan_memory
 from brain_trainer.schema import ConfigError, FieldError
 
 from .spec import Job, trainer_config, world_size
@@ -57,23 +57,15 @@ def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[
         )
         verdict = "fits" if asked.fits(memory) else f"does NOT fit ({(asked.total - memory) / GIB:.1f} GiB per rank missing)"
         lines += [f"configured (spec.distributed): {verdict}", asked.summary(), ""]
-    choice, plan = choose_strategy(
+    ladder = plan_ladder(
         cfg.model.preset,
-        device_memory_bytes=memory,
         activation_checkpointing=dist.activation_checkpointing,
         cpu_offload=dist.cpu_offload,
         **shape,
     )
+    choice, plan = first_fit(ladder, memory, cfg.model.preset)
     lines += [f"strategy: auto picks {choice}", plan.summary(), "", "options tried, cheapest first (device GiB per rank):"]
-    for option in strategy_ladder(ranks, dist.activation_checkpointing, dist.cpu_offload):
-        tried = plan_memory(
-            cfg.model.preset,
-            option.strategy,
-            fsdp_sharding=option.fsdp_sharding,
-            activation_checkpointing=option.activation_checkpointing,
-            cpu_offload=option.cpu_offload,
-            **shape,
-        )
+    for option, tried in ladder:
         mark = "fits" if tried.fits(memory) else "too big"
         lines.append(f"  {str(option):<58}{tried.total / GIB:9.2f}  {mark}")
     return lines

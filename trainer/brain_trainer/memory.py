@@ -298,6 +298,48 @@ def strategy_ladder(
     return out
 
 
+def plan_ladder(
+    model: BrainAIConfig | str,
+    *,
+    world_size: int,
+    precision: str = "fp32",
+    micro_batch_size: int = 1,
+    seq_len: Optional[int] = None,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
+) -> list[tuple[StrategyChoice, MemoryPlan]]:
+    """Every option of `strategy_ladder`, cheapest first, with its per-rank plan."""
+    return [
+        (
+            option,
+            plan_memory(
+                model,
+                option.strategy,
+                fsdp_sharding=option.fsdp_sharding,
+                precision=precision,
+                micro_batch_size=micro_batch_size,
+                seq_len=seq_len,
+                world_size=world_size,
+                activation_checkpointing=option.activation_checkpointing,
+                cpu_offload=option.cpu_offload,
+                overhead_bytes=overhead_bytes,
+            ),
+        )
+        for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload)
+    ]
+
+
+def first_fit(
+    ladder: list[tuple[StrategyChoice, MemoryPlan]], device_memory_bytes: int, model: BrainAIConfig | str
+) -> tuple[StrategyChoice, MemoryPlan]:
+    """The cheapest planned option that fits, else InsufficientMemoryError for the last, smallest one."""
+    for option, plan in ladder:
+        if plan.fits(device_memory_bytes):
+            return option, plan
+    raise InsufficientMemoryError(ladder[-1][1], device_memory_bytes, _model_name(model))
+
+
 def choose_strategy(
     model: BrainAIConfig | str,
     *,
@@ -315,24 +357,17 @@ def choose_strategy(
     Raises InsufficientMemoryError (a ConfigError) saying how many GiB per
     rank the last, smallest option lacks.
     """
-    plan = None
-    for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload):
-        plan = plan_memory(
-            model,
-            option.strategy,
-            fsdp_sharding=option.fsdp_sharding,
-            precision=precision,
-            micro_batch_size=micro_batch_size,
-            seq_len=seq_len,
-            world_size=world_size,
-            activation_checkpointing=option.activation_checkpointing,
-            cpu_offload=option.cpu_offload,
-            overhead_bytes=overhead_bytes,
-        )
-        if plan.fits(device_memory_bytes):
-            return option, plan
-    assert plan is not None  # the ladder is never empty
-    raise InsufficientMemoryError(plan, device_memory_bytes, _model_name(model))
+    ladder = plan_ladder(
+        model,
+        world_size=world_size,
+        precision=precision,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        activation_checkpointing=activation_checkpointing,
+        cpu_offload=cpu_offload,
+        overhead_bytes=overhead_bytes,
+    )
+    return first_fit(ladder, device_memory_bytes, model)
 
 
 def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes: Optional[int]) -> DistributedConfig:
