@@ -11,17 +11,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any, Mapping, Optional, Protocol
 
+from brain_trainer.contract import format_time
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
 
 from .events import Event
-from .render.common import JOB_NAME_LABEL, label_selector
+from .names import JOB_NAME_LABEL, label_selector
 from .spec import API_VERSION, KIND
-from .status import format_time
 
 MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "brain-operator"
@@ -121,7 +120,7 @@ class KubernetesClient:
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         meta = job["metadata"]
-        now = format_time(datetime.now(timezone.utc))
+        now = format_time()
         # Named as client-go's recorder names events: the object's name and the time in hex nanoseconds.
         event_name = f"{meta['name']}.{time.time_ns():x}"
         body = {

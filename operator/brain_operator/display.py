@@ -3,8 +3,8 @@
 On a terminal a `rich` progress bar (step/total, loss, tokens/s, ETA) stays
 under the workers' output; elsewhere (CI, a pipe) a plain line is printed at
 most every `interval` seconds, and only when the step moved. Both read the
-progress document rank 0 writes (brain_trainer.progress). The formatting
-functions are pure.
+progress document rank 0 writes (brain_trainer.contract.Progress). The
+formatting functions are pure.
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Protocol, TextIO
+from typing import Callable, Optional, Protocol, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+from rich.progress import Progress as ProgressBar
 from rich.text import Text
 
-from .progress import json_object, number
+from brain_trainer.contract import Progress
 
 __all__ = [
     "Display",
@@ -33,17 +34,17 @@ __all__ = [
 ]
 
 
-def read_progress(path: Path) -> Optional[dict[str, Any]]:
+def read_progress(path: Path) -> Optional[Progress]:
     """The newest progress document, or None before rank 0 wrote one.
 
     The trainer replaces the file atomically, so a partial document means a
     foreign writer; it reads as "no news" rather than stopping the run.
     """
     try:
-        text = path.read_text()
-    except (OSError, ValueError):
+        text = path.read_bytes()
+    except OSError:
         return None
-    return json_object(text)
+    return Progress.from_json(text)
 
 
 def format_duration(seconds: Optional[float]) -> str:
@@ -63,13 +64,13 @@ def _rate(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def progress_line(doc: Mapping[str, Any]) -> str:
+def progress_line(doc: Progress) -> str:
     """`step 120/200 (60%)  loss 2.1342  12,345 tok/s  ETA 0m32s`"""
-    step, total = int(number(doc, "step") or 0), int(number(doc, "total_steps") or 0)
+    step, total = doc.step, doc.total_steps or 0
     percent = f" ({100 * step // total}%)" if total else ""
     return (
-        f"step {step}/{total or '?'}{percent}  loss {_loss(number(doc, 'loss'))}  "
-        f"{_rate(number(doc, 'tokens_per_second'))} tok/s  ETA {format_duration(number(doc, 'eta_seconds'))}"
+        f"step {step}/{total or '?'}{percent}  loss {_loss(doc.loss)}  "
+        f"{_rate(doc.tokens_per_second)} tok/s  ETA {format_duration(doc.eta_seconds)}"
     )
 
 
@@ -105,7 +106,7 @@ class Display(Protocol):
 
     def note(self, message: str) -> None: ...
 
-    def update(self, doc: Optional[Mapping[str, Any]]) -> None: ...
+    def update(self, doc: Optional[Progress]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -129,10 +130,10 @@ class PlainDisplay:
     def note(self, message: str) -> None:
         self._print(f"braintrain: {message}")
 
-    def update(self, doc: Optional[Mapping[str, Any]]) -> None:
-        if not doc:
+    def update(self, doc: Optional[Progress]) -> None:
+        if doc is None:
             return
-        now, step = self.clock(), doc.get("step")
+        now, step = self.clock(), doc.step
         if step == self._last_step or (self._last_time is not None and now - self._last_time < self.interval):
             return
         self._last_time, self._last_step = now, step
@@ -147,7 +148,7 @@ class RichDisplay:
 
     def __init__(self, stream: TextIO, *, job_name: str, total_steps: int):
         self.console = Console(file=stream)
-        self.progress = Progress(
+        self.progress = ProgressBar(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
@@ -166,16 +167,16 @@ class RichDisplay:
     def note(self, message: str) -> None:
         self.console.print(Text(f"braintrain: {message}", style="bold"))
 
-    def update(self, doc: Optional[Mapping[str, Any]]) -> None:
-        if not doc:
+    def update(self, doc: Optional[Progress]) -> None:
+        if doc is None:
             return
         self.progress.update(
             self.task,
-            completed=int(number(doc, "step") or 0),
-            total=int(number(doc, "total_steps") or 0) or None,
-            loss=_loss(number(doc, "loss")),
-            rate=_rate(number(doc, "tokens_per_second")),
-            eta=format_duration(number(doc, "eta_seconds")),
+            completed=doc.step,
+            total=doc.total_steps or None,
+            loss=_loss(doc.loss),
+            rate=_rate(doc.tokens_per_second),
+            eta=format_duration(doc.eta_seconds),
         )
 
     def close(self) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from .status import FAILED, RESTARTING, is_disruption, terminated_states, true_condition
+from .job_status import FAILED, RESTARTING
+from .pods import is_disruption, terminated_states, true_condition
 
 NORMAL, WARNING = "Normal", "Warning"
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import json
 import logging
 import threading
 import urllib.request
@@ -26,16 +27,17 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import kopf
-from brain_trainer.config import METRICS_PORT
+from brain_trainer.contract import METRICS_PORT, PROGRESS_PATH
 from brain_trainer.schema import ConfigError
 
 from .cluster import ClusterClient, KubernetesClient
+from .job_status import RUNNING
 from .metrics import OperatorMetrics
-from .progress import changed, json_object, progress_status
+from .names import JOB_NAME_LABEL
+from .pods import RUNNING as POD_RUNNING
+from .progress import changed, progress_status
 from .reconcile import POD, reconcile
-from .render.common import JOB_NAME_LABEL
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults, parse_job
-from .status import RUNNING
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,6 @@ log = logging.getLogger(__name__)
 RESYNC_SECONDS = 30.0
 # A worker that does not answer in time is skipped until the next resync.
 PROGRESS_TIMEOUT_SECONDS = 2.0
-PROGRESS_PATH = "/progress"
 # A progress document is a few hundred bytes; a worker answering more is not trusted with the operator's memory.
 PROGRESS_MAX_BYTES = 64 * 1024
 
@@ -56,7 +57,13 @@ def fetch_json(url: str) -> Optional[dict[str, Any]]:
             body = response.read(PROGRESS_MAX_BYTES + 1)
     except (OSError, ValueError, http.client.HTTPException):  # HTTPException: not HTTP, or cut short
         return None
-    return json_object(body) if len(body) <= PROGRESS_MAX_BYTES else None
+    if len(body) > PROGRESS_MAX_BYTES:
+        return None
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def progress_urls(pods: Sequence[Mapping[str, Any]], port: int) -> list[str]:
@@ -64,7 +71,7 @@ def progress_urls(pods: Sequence[Mapping[str, Any]], port: int) -> list[str]:
     return [
         f"http://{pod['status']['podIP']}:{port}{PROGRESS_PATH}"
         for pod in pods
-        if (pod.get("status") or {}).get("phase") == RUNNING and (pod.get("status") or {}).get("podIP")
+        if (pod.get("status") or {}).get("phase") == POD_RUNNING and (pod.get("status") or {}).get("podIP")
     ]
 
 

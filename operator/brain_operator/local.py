@@ -1,7 +1,7 @@
 """`braintrain run`: a BrainTrainingJob's worker pods as local processes.
 
-The thin shell over `local_plan`: parse (no image needed) -> render the
-elastic backend -> plan -> start one torchrun agent per worker pod, each in
+The thin shell over `local_plan`: parse (no image needed) -> the elastic
+backend's worker plan -> local plan -> start one torchrun agent per worker pod, each in
 its own session like a container, so a terminal's Ctrl-C reaches only the
 runner. A failed worker pod ends the others as Kubernetes deletes pods
 (SIGTERM, a grace period, SIGKILL) and the whole group restarts from the
@@ -30,13 +30,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, TextIO
 
 from brain_trainer.checkpoint.store import Candidate, list_checkpoints
-from brain_trainer.exitcodes import PREEMPTED
+from brain_trainer.contract import PREEMPTED, PROGRESS_FILE_ENV
 from brain_trainer.launcher import free_port
-from brain_trainer.progress import PROGRESS_FILE_ENV
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
-from .local_plan import LocalPlan, LocalRunError, LocalWorker, localize_manifest, plan_local, process_env
-from .render import render_elastic
+from .local_plan import LocalPlan, LocalRunError, LocalWorker, localize, plan_local, process_env
 from .spec import parse_job
 
 __all__ = ["free_port", "newest_committed", "planner", "run_job"]
@@ -54,21 +52,18 @@ Lines = "queue.Queue[tuple[str, str]]"
 
 def planner(manifest: Mapping[str, Any], *, base_dir: Path, workdir: Optional[Path]) -> Callable[[int], LocalPlan]:
     """Validate the manifest (ConfigError names the field) and return plan(rdzv_port)."""
-    job = parse_job(
-        localize_manifest(manifest, base_dir=base_dir, stdlib=Path(sysconfig.get_paths()["stdlib"])),
-        require_image=False,
+    job = localize(
+        parse_job(manifest, require_image=False), base_dir=base_dir, stdlib=Path(sysconfig.get_paths()["stdlib"])
     )
-    objects = render_elastic(job)
     folder = (workdir or Path("runs") / job.name).resolve()
     # One metrics port for the whole run: trainer.yaml, which carries it, is written once.
     metrics_port = free_port()
     return lambda port: plan_local(
-        objects,
+        job,
         workdir=folder,
         rdzv_port=port,
         metrics_port=metrics_port,
         python=sys.executable,
-        backoff_limit=job.spec.run_policy.backoff_limit,
         cpu_count=os.cpu_count() or 1,
     )
 
@@ -206,8 +201,8 @@ class _Runner:
         while not self.lines.empty():
             self.display.log(*self.lines.get_nowait())
         doc = read_progress(self.plan.progress_file)
-        if doc and self.first_loss is None:
-            self.first_loss = doc.get("loss")
+        if doc is not None and self.first_loss is None:
+            self.first_loss = doc.loss
         self.display.update(doc)
 
     def _attempt(self, plan: LocalPlan) -> Optional[tuple[str, int]]:
@@ -305,15 +300,15 @@ def run_job(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         display.close()
-    doc = read_progress(plan.progress_file) or {}
+    doc = read_progress(plan.progress_file)
     last = newest_committed(plan.checkpoint_dir)
     summary = RunSummary(
         status=status,
-        step=max(last.step if last else 0, doc.get("step") or 0),
+        step=max(last.step if last else 0, doc.step if doc else 0),
         total_steps=plan.total_steps,
-        loss=doc.get("loss"),
+        loss=doc.loss if doc else None,
         first_loss=runner.first_loss,
-        tokens_per_second=doc.get("tokens_per_second"),
+        tokens_per_second=doc.tokens_per_second if doc else None,
         wall_seconds=time.monotonic() - started,
         checkpoint=str(last.path) if last else None,
         restarts=restarts,

@@ -8,30 +8,31 @@ when the answer changed.
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Mapping, Optional
 
-from .status import format_time
+from brain_trainer.contract import Progress, checkpoint_path, format_time
 
-def checkpoint_path(mount_path: str, step: int) -> str:
-    """Where the trainer commits the checkpoint of `step` (see brain_trainer.checkpoint)."""
-    return f"{mount_path.rstrip('/')}/step-{step:08d}"
+from .job_status import JobStatus, LastCheckpoint
 
-
-def json_object(text: str | bytes) -> Optional[dict[str, Any]]:
-    """A progress document parsed from `text`; None for anything else (garbage, a list, a torn write)."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
+# The status fields the progress poll owns (reconcile keeps them as they are).
+POLLED = ("progress", "lastCheckpoint")
 
 
-def number(doc: Mapping[str, Any], key: str) -> Optional[float]:
-    """A numeric field of a progress document; None when absent or not a number (true is not 1)."""
-    value = doc.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def shown(progress: Progress, now: datetime) -> Progress:
+    """The document as status shows it: 4 significant digits, whole seconds, the operator's clock.
+
+    The newest checkpoint goes to `lastCheckpoint`, with its path, instead.
+    """
+    return replace(
+        progress,
+        loss=_round(progress.loss),
+        tokens_per_second=_round(progress.tokens_per_second),
+        eta_seconds=None if progress.eta_seconds is None else int(progress.eta_seconds),
+        last_checkpoint_step=None,
+        updated_at=format_time(now),
+    )
 
 
 def progress_status(
@@ -42,23 +43,15 @@ def progress_status(
     `doc` is None when the worker could not be reached: the previous values
     stand, so a restarting pod never blanks what `kubectl get btj` shows.
     """
-    out = {k: previous[k] for k in ("progress", "lastCheckpoint") if k in previous}
-    step = number(doc, "step") if doc else None
-    if step is None:
-        return out
-    progress = {
-        "step": int(step),
-        "totalSteps": _int_or_none(number(doc, "total_steps")),
-        "loss": _round(number(doc, "loss")),
-        "tokensPerSecond": _round(number(doc, "tokens_per_second")),
-        "etaSeconds": _int_or_none(number(doc, "eta_seconds")),
-        "updatedAt": format_time(now),
-    }
-    out["progress"] = {k: v for k, v in progress.items() if v is not None}
-    ckpt = number(doc, "last_checkpoint_step")
-    if ckpt is not None and ckpt > 0:
-        out["lastCheckpoint"] = {"step": int(ckpt), "path": checkpoint_path(mount_path, int(ckpt))}
-    return out
+    status = JobStatus.read(previous)
+    progress = Progress.read(doc)
+    if progress is not None:
+        status = replace(status, progress=shown(progress, now))
+        if progress.last_checkpoint_step:
+            step = progress.last_checkpoint_step
+            status = replace(status, last_checkpoint=LastCheckpoint(step=step, path=checkpoint_path(mount_path, step)))
+    written = status.to_dict()
+    return {key: written[key] for key in POLLED if key in written}
 
 
 def changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
@@ -70,7 +63,3 @@ def changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 def _round(value: Optional[float]) -> Optional[float]:
     # Status is for humans and printer columns: 4 significant digits.
     return None if value is None else float(f"{value:.4g}")
-
-
-def _int_or_none(value: Optional[float]) -> Optional[int]:
-    return None if value is None else int(value)

@@ -16,25 +16,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Mapping, Optional, Sequence
 
+from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
 from .cluster import ClusterClient, ObjectRef
 from .events import Event, compute_events
+from .job_status import FAILED, SUCCEEDED, JobStatus
+from .pods import PodView, pod_view
 from .render import render, selector
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
 from .status import (
     BACKOFF_LIMIT_EXCEEDED,
     DEADLINE_EXCEEDED,
-    FAILED,
-    SUCCEEDED,
     Failure,
     Observation,
-    PodView,
     elastic_status,
     invalid_status,
     is_terminal,
-    parse_time,
-    pod_view,
     pytorchjob_status,
 )
 
@@ -143,16 +141,17 @@ def _plan_elastic(
     wanted = {ObjectRef.of(o): o for o in desired if (o["apiVersion"], o["kind"]) == POD}
     pods = {ref: pod_view(obj) for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD}
     live = {ref: p for ref, p in pods.items() if not p.terminating}
-    restarts = int(previous.get("restarts") or 0)
-    terminal = is_terminal(previous)
+    before = JobStatus.read(previous)
+    restarts = before.restarts
+    terminal = is_terminal(before)
     if terminal:
         # Stop what still runs (a failed job's siblings); after the TTL, remove every pod.
-        expired = _ttl_expired(previous, policy.ttl_seconds_after_finished, now)
+        expired = _ttl_expired(before, policy.ttl_seconds_after_finished, now)
         pod_plan = _PodPlan(restarts, deletes=[ref for ref, p in live.items() if expired or not p.finished])
     elif policy.suspend:
         pod_plan = _PodPlan(restarts, deletes=list(live))
     else:
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, _deadline_failure(previous, policy.active_deadline_seconds, now))
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, _deadline_failure(before, policy.active_deadline_seconds, now))
     creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
 
     gone = set(pod_plan.deletes)
@@ -174,7 +173,7 @@ def _plan_elastic(
         effective_batch_size=effective_batch_size(job),
         selector=selector(job),
     )
-    status = elastic_status(previous, seen, now)
+    status = elastic_status(before, seen, now)
     return Plan(
         status=status,
         status_patch=status_patch(previous, status),
@@ -228,7 +227,7 @@ def _plan_pytorchjob(
     rendered = next(o for o in desired if (o["apiVersion"], o["kind"]) == PYTORCHJOB)
     ref = ObjectRef.of(rendered)
     current = existing.get(ref)
-    terminal = is_terminal(previous)
+    terminal = is_terminal(JobStatus.read(previous))
     creates = [] if terminal else _missing_others(desired, existing)
     patches = []
     if current is not None and not terminal:
@@ -278,15 +277,15 @@ def _missing_others(desired: Sequence[Mapping[str, Any]], existing: Mapping[Obje
     return [dict(o) for o in desired if (o["apiVersion"], o["kind"]) != POD and ObjectRef.of(o) not in existing]
 
 
-def _deadline_failure(previous: Mapping[str, Any], deadline: Optional[int], now: datetime) -> Optional[Failure]:
-    started = previous.get("startTime")
+def _deadline_failure(before: JobStatus, deadline: Optional[int], now: datetime) -> Optional[Failure]:
+    started = before.start_time
     if deadline is None or not started or now - parse_time(started) < timedelta(seconds=deadline):
         return None
     return Failure(DEADLINE_EXCEEDED, f"ran longer than runPolicy.activeDeadlineSeconds={deadline}")
 
 
-def _ttl_expired(previous: Mapping[str, Any], ttl: Optional[int], now: datetime) -> bool:
-    done = previous.get("completionTime")
+def _ttl_expired(before: JobStatus, ttl: Optional[int], now: datetime) -> bool:
+    done = before.completion_time
     return ttl is not None and bool(done) and now - parse_time(done) >= timedelta(seconds=ttl)
 
 

@@ -1,108 +1,64 @@
 """A BrainTrainingJob's `status`, computed from what its children show (pure).
 
 Nothing here reads the clock or the cluster: `now`, the pods (or the
-PyTorchJob) and the previous status come in, a new status dict goes out.
-Two rules hold whatever the children say: `restarts` never goes down, and a
-terminal phase (Succeeded, Failed) never changes again.
+PyTorchJob) and the previous status come in, a new status goes out, built as
+the typed `JobStatus` and serialised once. Two rules hold whatever the
+children say: `restarts` never goes down, and a terminal phase (Succeeded,
+Failed) never changes again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Mapping, Optional, Sequence
 
-from brain_trainer.exitcodes import PREEMPTED, PREEMPTED_MESSAGE
+from brain_trainer.contract import format_time
 
-from .render.common import REPLICA_INDEX_LABEL
+from .job_status import (
+    CONDITION_TYPES,
+    FAILED,
+    PENDING,
+    PHASES,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    SUSPENDED,
+    TERMINAL,
+    VALID,
+    Condition,
+    JobStatus,
+    WorkerCounts,
+)
+from .pods import PodView, true_condition
 
-PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
-SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
-PHASES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
-TERMINAL = (SUCCEEDED, FAILED)
-
-# One condition per phase a user may wait on (`kubectl wait --for=condition=Succeeded`), plus Valid.
-CONDITION_TYPES = ("Valid", RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+__all__ = [
+    "BACKOFF_LIMIT_EXCEEDED",
+    "CONDITION_TYPES",
+    "DEADLINE_EXCEEDED",
+    "FAILED",
+    "INVALID_SPEC",
+    "PENDING",
+    "PHASES",
+    "RESTARTING",
+    "RUNNING",
+    "SUCCEEDED",
+    "SUSPENDED",
+    "TERMINAL",
+    "Failure",
+    "Observation",
+    "all_succeeded",
+    "elastic_status",
+    "invalid_status",
+    "is_terminal",
+    "pytorchjob_status",
+    "worker_counts",
+]
 
 # Failure reasons.
 INVALID_SPEC = "InvalidSpec"
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
-
-# Pod status reasons the kubelet or scheduler sets when it, not the trainer, ended the pod.
-DISRUPTION_REASONS = ("Evicted", "Preempted", "Preempting")
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC, second precision, as Kubernetes writes timestamps."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-
-
-@dataclass(frozen=True)
-class PodView:
-    """What the status and the plan need to know about one worker pod."""
-
-    name: str
-    index: Optional[int]
-    phase: str
-    ready: bool
-    terminating: bool
-    disrupted: bool
-
-    @property
-    def finished(self) -> bool:
-        return self.phase in (SUCCEEDED, FAILED)
-
-
-def true_condition(status: Mapping[str, Any], kind: str) -> Optional[Mapping[str, Any]]:
-    """The condition of type `kind` when its status is "True" (a pod's or a job's), else None."""
-    return next(
-        (c for c in status.get("conditions") or [] if c.get("type") == kind and c.get("status") == "True"), None
-    )
-
-
-def terminated_states(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The `state.terminated` record of each of the pod's containers that ended."""
-    states = ((c.get("state") or {}).get("terminated") for c in (pod.get("status") or {}).get("containerStatuses") or [])
-    return [t for t in states if t]
-
-
-def pod_view(pod: Mapping[str, Any]) -> PodView:
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    return PodView(
-        name=meta.get("name", ""),
-        index=_replica_index(meta),
-        phase=status.get("phase") or PENDING,
-        ready=true_condition(status, "Ready") is not None,
-        terminating=bool(meta.get("deletionTimestamp")),
-        disrupted=is_disruption(pod),
-    )
-
-
-def _replica_index(meta: Mapping[str, Any]) -> Optional[int]:
-    text = (meta.get("labels") or {}).get(REPLICA_INDEX_LABEL, "")
-    return int(text) if text.isdigit() else None
-
-
-def is_disruption(pod: Mapping[str, Any]) -> bool:
-    """Whether the pod ended because something outside the job stopped it.
-
-    Evictions, preemptions and node drains are retried for free; so is a
-    trainer that exited with PREEMPTED after checkpointing on SIGTERM.
-    """
-    status = pod.get("status") or {}
-    if status.get("reason") in DISRUPTION_REASONS:
-        return True
-    if true_condition(status, "DisruptionTarget") is not None:
-        return True
-    return any(
-        t.get("exitCode") == PREEMPTED or PREEMPTED_MESSAGE in (t.get("message") or "") for t in terminated_states(pod)
-    )
 
 
 @dataclass(frozen=True)
@@ -132,24 +88,25 @@ class Observation:
     selector: str
 
 
-def is_terminal(previous: Mapping[str, Any]) -> bool:
+def is_terminal(previous: JobStatus) -> bool:
     """A finished job, except one that failed only because its spec was invalid (a fixed spec may run)."""
-    return previous.get("phase") in TERMINAL and failure_reason(previous) != INVALID_SPEC
+    return previous.phase in TERMINAL and failure_reason(previous) != INVALID_SPEC
 
 
-def failure_reason(previous: Mapping[str, Any]) -> Optional[str]:
-    return (true_condition(previous, FAILED) or {}).get("reason")
+def failure_reason(previous: JobStatus) -> Optional[str]:
+    failed = previous.condition(FAILED)
+    return failed.reason if failed else None
 
 
-def worker_counts(pods: Sequence[PodView], desired: int) -> dict[str, int]:
+def worker_counts(pods: Sequence[PodView], desired: int) -> WorkerCounts:
     live = [p for p in pods if not p.terminating]
-    return {
-        "desired": desired,
-        "ready": sum(p.phase == RUNNING and p.ready for p in live),
-        "running": sum(p.phase == RUNNING for p in live),
-        "succeeded": sum(p.phase == SUCCEEDED for p in live),
-        "failed": sum(p.phase == FAILED for p in live),
-    }
+    return WorkerCounts(
+        desired=desired,
+        ready=sum(p.phase == RUNNING and p.ready for p in live),
+        running=sum(p.phase == RUNNING for p in live),
+        succeeded=sum(p.phase == SUCCEEDED for p in live),
+        failed=sum(p.phase == FAILED for p in live),
+    )
 
 
 def all_succeeded(pods: Sequence[PodView], desired: int) -> bool:
@@ -160,10 +117,10 @@ def all_succeeded(pods: Sequence[PodView], desired: int) -> bool:
 _VALID = (True, "SpecValid", "")
 
 
-def elastic_status(previous: Mapping[str, Any], seen: Observation, now: datetime) -> dict[str, Any]:
+def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, now: datetime) -> dict[str, Any]:
     """The new status of an elastic job; a terminal one only refreshes its counts."""
+    before = JobStatus.read(previous)
     workers = worker_counts(seen.pods, seen.desired)
-    restarts = max(seen.restarts, int(previous.get("restarts") or 0))
     if seen.failure is not None:
         phase, reason, message = FAILED, seen.failure.reason, seen.failure.message
     elif seen.suspended:
@@ -172,20 +129,18 @@ def elastic_status(previous: Mapping[str, Any], seen: Observation, now: datetime
         phase, reason, message = SUCCEEDED, "AllWorkersSucceeded", f"all {seen.desired} workers succeeded"
     elif seen.replaced:
         phase, reason, message = RESTARTING, "WorkersReplaced", f"{seen.replaced} worker pod(s) replaced"
-    elif workers["running"] + workers["succeeded"] >= seen.min_running:
+    elif workers.running + workers.succeeded >= seen.min_running:
         # Workers that already finished training count: the others are finishing too.
-        phase, reason, message = RUNNING, "WorkersRunning", f"{workers['running']}/{seen.desired} workers running"
-    elif previous.get("phase") in (RUNNING, RESTARTING):
-        phase, reason, message = RESTARTING, "WaitingForWorkers", f"{workers['running']}/{seen.min_running} workers running"
+        phase, reason, message = RUNNING, "WorkersRunning", f"{workers.running}/{seen.desired} workers running"
+    elif before.phase in (RUNNING, RESTARTING):
+        phase, reason, message = RESTARTING, "WaitingForWorkers", f"{workers.running}/{seen.min_running} workers running"
     else:
-        phase, reason, message = PENDING, "WaitingForWorkers", f"{workers['running']}/{seen.min_running} workers running"
-    out = _base(previous, seen.generation)
-    out.update(_counts(workers, seen.selector), restarts=restarts, strategy=seen.strategy,
-               effectiveBatchSize=seen.effective_batch_size)
-    if not is_terminal(previous):
-        out.update(phase=phase, conditions=_conditions(previous, phase, reason, message, now, valid=_VALID))
-        _stamp_times(out, previous, phase, now)
-    return out
+        phase, reason, message = PENDING, "WaitingForWorkers", f"{workers.running}/{seen.min_running} workers running"
+    out = _counted(before, seen.generation, workers, seen.selector, max(seen.restarts, before.restarts),
+                   seen.strategy, seen.effective_batch_size)
+    if not is_terminal(before):
+        out = _moved(out, before, phase, reason, message, now, valid=_VALID)
+    return out.to_dict()
 
 
 def invalid_status(previous: Mapping[str, Any], generation: int, message: str, now: datetime) -> dict[str, Any]:
@@ -193,14 +148,12 @@ def invalid_status(previous: Mapping[str, Any], generation: int, message: str, n
 
     A finished job stays finished whatever its spec becomes.
     """
-    out = _base(previous, generation)
-    if is_terminal(previous):
-        return out
-    out.update(
-        phase=FAILED,
-        conditions=_conditions(previous, FAILED, INVALID_SPEC, message, now, valid=(False, INVALID_SPEC, message)),
-    )
-    return out
+    before = JobStatus.read(previous)
+    out = replace(before, observed_generation=generation)
+    if not is_terminal(before):
+        out = replace(out, phase=FAILED,
+                      conditions=_conditions(before, FAILED, INVALID_SPEC, message, now, valid=(False, INVALID_SPEC, message)))
+    return out.to_dict()
 
 
 # Kubeflow's PyTorchJob condition types, most decisive first.
@@ -220,74 +173,62 @@ def pytorchjob_status(
     now: datetime,
 ) -> dict[str, Any]:
     """The new status of a job delegated to Kubeflow, read from its PyTorchJob's conditions."""
+    before = JobStatus.read(previous)
     kf_status = (pytorchjob or {}).get("status") or {}
-    kf_conditions = {c.get("type"): c for c in kf_status.get("conditions") or [] if c.get("status") == "True"}
     phase, reason, message, since = PENDING, "PyTorchJobPending", "waiting for the PyTorchJob", None
     for kf_type, ours in _KUBEFLOW_PHASES:
-        if kf_type in kf_conditions:
-            found = kf_conditions[kf_type]
+        found = true_condition(kf_status, kf_type)
+        if found is not None:
             phase, reason = ours, found.get("reason") or kf_type
             message, since = found.get("message") or "", found.get("lastTransitionTime")
             break
-    restarts = int(previous.get("restarts") or 0)
-    if phase == RESTARTING and since and since != (true_condition(previous, RESTARTING) or {}).get("lastTransitionTime"):
+    restarts = before.restarts
+    restarting = before.condition(RESTARTING)
+    if phase == RESTARTING and since and since != (restarting.last_transition_time if restarting else None):
         # Each new Restarting transition of the PyTorchJob is one restart; our
         # Restarting condition keeps its time, so a repeat read does not count twice.
         restarts += 1
-    out = _base(previous, generation)
-    out.update(
-        _counts(_kubeflow_workers(kf_status, desired), selector),
-        restarts=restarts,
-        strategy=strategy,
-        effectiveBatchSize=effective_batch_size,
-    )
-    if not is_terminal(previous):
-        out.update(phase=phase, conditions=_conditions(previous, phase, reason, message, now, valid=_VALID, since=since))
-        _stamp_times(out, previous, phase, now, reported=kf_status)
-    return out
+    out = _counted(before, generation, _kubeflow_workers(kf_status, desired), selector, restarts, strategy,
+                   effective_batch_size)
+    if not is_terminal(before):
+        out = _moved(out, before, phase, reason, message, now, valid=_VALID, since=since, reported=kf_status)
+    return out.to_dict()
 
 
-def _kubeflow_workers(kf_status: Mapping[str, Any], desired: int) -> dict[str, int]:
+def _kubeflow_workers(kf_status: Mapping[str, Any], desired: int) -> WorkerCounts:
     replicas = (kf_status.get("replicaStatuses") or {}).values()
     running = sum(int(r.get("active") or 0) for r in replicas)
-    return {
-        "desired": desired,
-        # Kubeflow reports no readiness: an active replica is the best it says.
-        "ready": running,
-        "running": running,
-        "succeeded": sum(int(r.get("succeeded") or 0) for r in replicas),
-        "failed": sum(int(r.get("failed") or 0) for r in replicas),
-    }
+    # Kubeflow reports no readiness: an active replica is the best it says.
+    return WorkerCounts(
+        desired=desired,
+        ready=running,
+        running=running,
+        succeeded=sum(int(r.get("succeeded") or 0) for r in replicas),
+        failed=sum(int(r.get("failed") or 0) for r in replicas),
+    )
 
 
-def _counts(workers: dict[str, int], selector: str) -> dict[str, Any]:
+def _counted(
+    before: JobStatus, generation: int, workers: WorkerCounts, selector: str, restarts: int, strategy: str,
+    effective_batch_size: int,
+) -> JobStatus:
+    """The previous status (progress and lastCheckpoint are the progress poll's) with this pass's counts."""
     # `nodes` feeds the Nodes printer column; `selector` the scale subresource (kubectl scale, HPA).
-    return {"workers": workers, "nodes": f"{workers['ready']}/{workers['desired']}", "selector": selector}
+    return replace(
+        before,
+        observed_generation=generation,
+        workers=workers,
+        nodes=f"{workers.ready}/{workers.desired}",
+        selector=selector,
+        restarts=restarts,
+        strategy=strategy,
+        effective_batch_size=effective_batch_size,
+    )
 
 
-def _base(previous: Mapping[str, Any], generation: int) -> dict[str, Any]:
-    # Keep what others write (progress, lastCheckpoint) and what is sticky.
-    out = dict(previous)
-    out["observedGeneration"] = generation
-    return out
-
-
-def _stamp_times(
-    out: dict[str, Any], previous: Mapping[str, Any], phase: str, now: datetime,
-    reported: Mapping[str, Any] | None = None,
-) -> None:
-    reported = reported or {}
-    if phase == SUSPENDED:
-        # As for a Kubernetes Job: the deadline clock restarts on resume.
-        out.pop("startTime", None)
-    elif phase != PENDING or previous.get("startTime"):
-        out["startTime"] = previous.get("startTime") or reported.get("startTime") or format_time(now)
-    if phase in TERMINAL and not out.get("completionTime"):
-        out["completionTime"] = reported.get("completionTime") or format_time(now)
-
-
-def _conditions(
-    previous: Mapping[str, Any],
+def _moved(
+    out: JobStatus,
+    before: JobStatus,
     phase: str,
     reason: str,
     message: str,
@@ -295,22 +236,48 @@ def _conditions(
     *,
     valid: tuple[bool, str, str],
     since: Optional[str] = None,
-) -> list[dict[str, str]]:
-    old = {c.get("type"): c for c in previous.get("conditions") or []}
+    reported: Mapping[str, Any] | None = None,
+) -> JobStatus:
+    """`out` in `phase`, with its conditions and start/completion times."""
+    reported = reported or {}
+    start_time = out.start_time
+    if phase == SUSPENDED:
+        # As for a Kubernetes Job: the deadline clock restarts on resume.
+        start_time = None
+    elif phase != PENDING or before.start_time:
+        start_time = before.start_time or reported.get("startTime") or format_time(now)
+    completion_time = out.completion_time
+    if phase in TERMINAL and not completion_time:
+        completion_time = reported.get("completionTime") or format_time(now)
+    conditions = _conditions(before, phase, reason, message, now, valid=valid, since=since)
+    return replace(out, phase=phase, conditions=conditions, start_time=start_time, completion_time=completion_time)
+
+
+def _conditions(
+    before: JobStatus,
+    phase: str,
+    reason: str,
+    message: str,
+    now: datetime,
+    *,
+    valid: tuple[bool, str, str],
+    since: Optional[str] = None,
+) -> list[Condition]:
+    old = {c.type: c for c in before.conditions}
     out = []
     for kind in CONDITION_TYPES:
-        if kind == "Valid":
+        if kind == VALID:
             truth, why, text = valid
         elif kind == phase:
             truth, why, text = True, reason, message
         else:
             truth, why, text = False, phase, ""
         status = "True" if truth else "False"
-        before = old.get(kind)
-        if before is not None and before.get("status") == status:
-            changed_at = before.get("lastTransitionTime") or format_time(now)
+        earlier = old.get(kind)
+        if earlier is not None and earlier.status == status:
+            changed_at = earlier.last_transition_time or format_time(now)
         else:
             changed_at = (since if truth and kind == phase and since else None) or format_time(now)
-        out.append({"type": kind, "status": status, "reason": why, "message": text, "lastTransitionTime": changed_at})
+        out.append(Condition(type=kind, status=status, reason=why, message=text, last_transition_time=changed_at))
     return out
 

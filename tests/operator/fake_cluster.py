@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 
 from brain_operator.cluster import ObjectRef
 from brain_operator.events import Event
-from brain_operator.render.common import JOB_NAME_LABEL
+from brain_operator.names import JOB_NAME_LABEL
 from brain_operator.spec import API_VERSION, KIND
 
 

@@ -1,6 +1,9 @@
 """The local runner's display: progress lines, throttling, summary, tolerant reads."""
 
 import io
+from dataclasses import replace
+
+from brain_trainer.contract import Progress
 
 from brain_operator.display import (
     PlainDisplay,
@@ -12,7 +15,7 @@ from brain_operator.display import (
     summary_lines,
 )
 
-DOC = {"step": 120, "total_steps": 200, "loss": 2.13421, "tokens_per_second": 12345.6, "eta_seconds": 32.4}
+DOC = Progress(step=120, total_steps=200, loss=2.13421, tokens_per_second=12345.6, eta_seconds=32.4)
 
 
 def test_progress_line_shows_step_loss_rate_and_eta():
@@ -20,7 +23,7 @@ def test_progress_line_shows_step_loss_rate_and_eta():
 
 
 def test_progress_line_tolerates_missing_fields():
-    assert progress_line({"step": 3}) == "step 3/?  loss -  - tok/s  ETA -"
+    assert progress_line(Progress(step=3)) == "step 3/?  loss -  - tok/s  ETA -"
 
 
 def test_durations():
@@ -31,13 +34,13 @@ def test_plain_display_prints_at_most_once_per_interval_and_only_when_the_step_m
     now = [0.0]
     out = io.StringIO()
     display = PlainDisplay(out, interval=5.0, clock=lambda: now[0])
-    display.update({**DOC, "step": 10})
+    display.update(replace(DOC, step=10))
     now[0] = 2.0
-    display.update({**DOC, "step": 20})  # too soon
+    display.update(replace(DOC, step=20))  # too soon
     now[0] = 6.0
-    display.update({**DOC, "step": 30})
+    display.update(replace(DOC, step=30))
     now[0] = 20.0
-    display.update({**DOC, "step": 30})  # nothing new
+    display.update(replace(DOC, step=30))  # nothing new
     display.update(None)
     display.log("job-worker-1", "hello")
     lines = out.getvalue().splitlines()
@@ -53,7 +56,7 @@ def test_read_progress_ignores_missing_partial_and_foreign_documents(tmp_path):
     path.write_text("[1, 2]")
     assert read_progress(path) is None
     path.write_text('{"step": 4}')
-    assert read_progress(path) == {"step": 4}
+    assert read_progress(path) == Progress(step=4)
 
 
 def test_summary_names_every_figure():

@@ -1,6 +1,6 @@
 """Events: one per phase transition and per worker failure; none when nothing changed."""
 
-from brain_trainer.exitcodes import PREEMPTED
+from brain_trainer.contract import PREEMPTED
 from brain_operator.events import Event, compute_events, pod_exit
 
 

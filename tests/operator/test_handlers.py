@@ -21,7 +21,7 @@ from fake_cluster import FakeCluster
 from brain_operator import handlers
 from brain_operator.cluster import KubernetesClient
 from brain_operator.spec import API_VERSION, KIND, PLURAL, OperatorDefaults
-from brain_trainer.config import METRICS_PORT
+from brain_trainer.contract import METRICS_PORT, Progress
 from brain_trainer.metrics import MetricsServer
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
@@ -112,8 +112,7 @@ def test_progress_is_read_from_whichever_pod_holds_rank_0():
     asked = []
     ctx.fetch = lambda url: asked.append(url) or handlers.fetch_json(url.replace(f":{METRICS_PORT}/", f":{server.port}/"))
     try:
-        server.publish({"step": 40, "total_steps": 200, "loss": 3.21, "tokens_per_second": 1234.5,
-                        "last_checkpoint_step": 25})
+        server.publish(Progress(step=40, total_steps=200, loss=3.21, tokens_per_second=1234.5, last_checkpoint_step=25))
         cluster.apply_job(manifest())
         handlers.reconcile_job(ctx, NS, "demo")
         cluster.set_pod("demo-worker-0", "Running", ready=True)  # no IP yet: skipped

@@ -1,12 +1,11 @@
-"""Rendered pods -> local process plans: the pure half of `braintrain run`."""
+"""The typed worker plan -> local process plans: the pure half of `braintrain run`."""
 
 from pathlib import Path
 
 import pytest
 import yaml
 from brain_operator.local_plan import (
-    LocalRunError,
-    localize_manifest,
+    localize,
     plan_local,
     process_env,
     rewrite_path,
@@ -25,17 +24,9 @@ def manifest(**spec_changes):
     return data
 
 
-def plan(objects=None, **spec_changes):
+def plan(**spec_changes):
     job = parse_job(manifest(**spec_changes), require_image=False)
-    return plan_local(
-        objects if objects is not None else render_elastic(job),
-        workdir=WORKDIR,
-        rdzv_port=41234,
-        metrics_port=41235,
-        python=PYTHON,
-        backoff_limit=2,
-        cpu_count=8,
-    )
+    return plan_local(job, workdir=WORKDIR, rdzv_port=41234, metrics_port=41235, python=PYTHON, cpu_count=8)
 
 
 def local_trainer_yaml(p):
@@ -116,29 +107,8 @@ def test_checkpoints_are_shared_even_when_the_cluster_would_use_pod_scratch():
 
 
 def test_steps_name_and_budget_come_through():
-    p = plan(training={"steps": 77})
+    p = plan(training={"steps": 77}, runPolicy={"backoffLimit": 2})
     assert (p.job_name, p.total_steps, p.backoff_limit) == ("local-minimal", 77, 2)
-
-
-def test_a_container_that_is_not_torchrun_is_refused():
-    job = parse_job(manifest(), require_image=False)
-    objects = render_elastic(job)
-    objects[-1]["spec"]["containers"][0]["command"] = ["sh", "-c", "echo hi"]
-    with pytest.raises(LocalRunError, match="local-minimal-worker-1.*torchrun"):
-        plan(objects)
-
-
-def test_env_from_the_downward_api_maps_to_local_values():
-    job = parse_job(manifest(), require_image=False)
-    objects = render_elastic(job)
-    env = objects[-1]["spec"]["containers"][0]["env"]
-    env.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
-    env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
-    worker = plan(objects).workers[-1]
-    assert (worker.env["POD_NAME"], worker.env["POD_IP"]) == ("local-minimal-worker-1", "127.0.0.1")
-    env.append({"name": "SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})
-    with pytest.raises(LocalRunError, match="SECRET"):
-        plan(objects)
 
 
 def test_rewrite_path_respects_path_boundaries():
@@ -150,18 +120,19 @@ def test_rewrite_path_respects_path_boundaries():
     assert rewrite_path("relative/checkpoints", mounts) == "relative/checkpoints"
 
 
-def test_localize_manifest_expands_the_stdlib_placeholder_and_relative_paths():
+def test_localize_expands_the_stdlib_placeholder_and_relative_paths():
     base, stdlib = Path("/home/u/jobs"), Path("/usr/lib/python3.11")
 
     def localized(path):
-        return localize_manifest(manifest(data={"source": "files", "path": path}), base_dir=base, stdlib=stdlib)["spec"]["data"]["path"]
+        job = parse_job(manifest(data={"source": "files", "path": path}), require_image=False)
+        return localize(job, base_dir=base, stdlib=stdlib).spec.data.path
 
     assert localized("{stdlib}/json/*.py") == "/usr/lib/python3.11/json/*.py"
     assert localized("text/*.txt") == "/home/u/jobs/text/*.txt"
     assert localized("/data/*.txt") == "/data/*.txt"
     assert localized("~/corpus/*.txt") == "~/corpus/*.txt"
-    untouched = manifest(data={"source": "synthetic"})
-    assert localize_manifest(untouched, base_dir=base, stdlib=stdlib) == untouched
+    untouched = parse_job(manifest(data={"source": "synthetic"}), require_image=False)
+    assert localize(untouched, base_dir=base, stdlib=stdlib) == untouched
 
 
 def test_process_env_drops_inherited_launch_variables():

@@ -10,7 +10,7 @@ from brain_operator.crd import status_schema
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import API_VERSION, KIND
 from brain_operator.status import format_time
-from brain_trainer.exitcodes import PREEMPTED
+from brain_trainer.contract import PREEMPTED
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 NS = "default"

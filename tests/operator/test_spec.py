@@ -69,15 +69,15 @@ def test_trainer_config_translation():
                 "nodes": 2,
                 "nprocPerNode": 2,
                 "model": {"preset": "7b"},
-                "training": {"steps": 9, "microBatchSize": 2, "gradientAccumulationSteps": 4, "precision": "fp16", "seqLen": 64},
-                "distributed": {"strategy": "fsdp", "cpuOffload": True},
+                "training": {"steps": 9, "microBatchSize": 2, "seqLen": 64},
+                "distributed": {"strategy": "fsdp", "cpuOffload": True, "gradientAccumulationSteps": 4,
+                                "mixedPrecisionPolicy": "fp16", "timeoutSeconds": 600},
                 "data": {"source": "files", "path": "/data/*.txt", "numWorkers": 2},
                 "checkpoint": {"mountPath": "/ckpt", "intervalSteps": 7, "keepLast": 2, "async": False},
-                "nccl": {"timeoutSeconds": 600},
             }
         )
     )
-    cfg = trainer_config(job)
+    cfg = trainer_config(job).resolved()
     assert isinstance(cfg, TrainerConfig)
     assert cfg.training.steps == 9 and cfg.training.micro_batch_size == 2 and cfg.training.seq_len == 64
     assert cfg.distributed.gradient_accumulation_steps == 4
@@ -96,13 +96,13 @@ def test_trainer_config_translation():
 
 
 def test_precision_defaults_to_the_preset():
-    assert trainer_config(parse_job(manifest({"model": {"preset": "1b"}}))).distributed.mixed_precision_policy == "bf16"
-    assert trainer_config(parse_job(manifest())).distributed.mixed_precision_policy == "fp32"
+    assert trainer_config(parse_job(manifest({"model": {"preset": "1b"}}))).resolved().distributed.mixed_precision_policy == "bf16"
+    assert trainer_config(parse_job(manifest())).resolved().distributed.mixed_precision_policy == "fp32"
 
 
 def test_planner_decides_checkpointing_under_strategy_auto():
     def dist(distributed):
-        return trainer_config(parse_job(manifest({"model": {"preset": "7b"}, "distributed": distributed}))).distributed
+        return trainer_config(parse_job(manifest({"model": {"preset": "7b"}, "distributed": distributed}))).resolved().distributed
 
     assert not dist({"strategy": "auto"}).activation_checkpointing  # a rung of the planner's ladder
     assert dist({"strategy": "fsdp"}).activation_checkpointing  # the 7b preset's recommendation
@@ -194,7 +194,7 @@ BAD = [
     ("bad pull policy", lambda m: _set(m["spec"], "imagePullPolicy", "Sometimes"), "spec.imagePullPolicy", "'Sometimes'"),
     ("bad preset", lambda m: _set(m["spec"], "model.preset", "13b"), "spec.model.preset", "'13b'"),
     ("bad entrypoint", lambda m: _set(m["spec"], "model.entrypoint", "not a path"), "spec.model.entrypoint", "'not a path'"),
-    ("bad precision", lambda m: _set(m["spec"], "training.precision", "fp8"), "spec.training.precision", "'fp8'"),
+    ("bad precision", lambda m: _set(m["spec"], "distributed.mixedPrecisionPolicy", "fp8"), "spec.distributed.mixedPrecisionPolicy", "'fp8'"),
     ("bad strategy", lambda m: _set(m["spec"], "distributed.strategy", "zero3"), "spec.distributed.strategy", "'zero3'"),
     ("bad nccl debug", lambda m: _set(m["spec"], "nccl.debug", "LOUD"), "spec.nccl.debug", "'LOUD'"),
     ("missing image", lambda m: m["spec"].pop("image"), "spec.image", "required"),
@@ -249,7 +249,7 @@ BAD = [
         "spec.training.globalBatchSize",
         "(16 at 4 nodes), got 24",
     ),
-    ("batch and accumulation both", lambda m: _set(m["spec"], "training", {"globalBatchSize": 16, "gradientAccumulationSteps": 2}), "spec.training.gradientAccumulationSteps", "not both"),
+    ("batch and accumulation both", lambda m: m["spec"].update(training={"globalBatchSize": 16}, distributed={"gradientAccumulationSteps": 2}), "spec.distributed.gradientAccumulationSteps", "not both"),
     ("files without a path", lambda m: _set(m["spec"], "data", {"source": "files"}), "spec.data.path", "required"),
     ("bad quantity", lambda m: _set(m["spec"], "resources.limits", {"memory": "lots"}), "spec.resources.limits.memory", "'lots'"),
     ("negative quantity", lambda m: _set(m["spec"], "resources.requests", {"cpu": -1}), "spec.resources.requests.cpu", "got -1"),

@@ -4,18 +4,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from brain_operator.pods import is_disruption, pod_view
 from brain_operator.status import (
     CONDITION_TYPES,
     Failure,
     Observation,
     elastic_status,
-    format_time,
     invalid_status,
-    is_disruption,
-    pod_view,
     pytorchjob_status,
 )
-from brain_trainer.exitcodes import PREEMPTED, PREEMPTED_MESSAGE
+from brain_trainer.contract import PREEMPTED, PREEMPTED_MESSAGE, format_time
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 T1 = T0 + timedelta(minutes=5)

@@ -24,7 +24,7 @@ import torch
 import yaml
 from harness import free_port
 
-from brain_trainer import exitcodes
+from brain_trainer import contract
 from brain_trainer.checkpoint import store
 from brain_trainer.data import RankAwareSampler, SyntheticDataset
 from brain_trainer.export import export
@@ -159,12 +159,12 @@ def test_sigterm_commits_exits_preempted_and_resumes_at_one_rank(tmp_path):
         for w in workers:
             if w.poll() is None:
                 w.kill()
-    assert codes == [exitcodes.PREEMPTED] * 2, outputs[0][-3000:]
-    assert all((tmp_path / f"term{r}").read_text() == exitcodes.PREEMPTED_MESSAGE for r in range(2))
+    assert codes == [contract.PREEMPTED] * 2, outputs[0][-3000:]
+    assert all((tmp_path / f"term{r}").read_text() == contract.PREEMPTED_MESSAGE for r in range(2))
     latest = store.latest_checkpoint(root)
     stopped = store.read_manifest(latest)["step"]
     assert 4 < stopped < steps and store.read_manifest(latest)["sample_index"] == stopped * 2 * MICRO
-    assert f"SIGTERM: saving step {stopped} before exiting with code {exitcodes.PREEMPTED}" in outputs[0]
+    assert f"SIGTERM: saving step {stopped} before exiting with code {contract.PREEMPTED}" in outputs[0]
     assert sorted(steps_taken(sample_log)) == list(range(1, stopped + 1))
 
     proc = run([sys.executable, "-m", "brain_trainer", "--config", str(cfg)], tmp_path / "resumed.out",

@@ -2,17 +2,20 @@
 
 import os
 import socket
+import subprocess
+import sys
 from argparse import Namespace
 
 import pytest
+import yaml
 
 from brain_trainer import ConfigError, DistributedConfig, DistributedLauncher
-from brain_trainer.launcher import detect_environment, expand_nodelist, tasks_on_node, torch_environment
+from brain_trainer.launcher import detect_environment, expand_nodelist, free_port, tasks_on_node, torch_environment
 
 ALL_VARIABLES = (
     "TORCHELASTIC_RUN_ID", "GROUP_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
     "SLURM_JOB_NODELIST", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK",
 )  # fmt: skip
 
 TORCHRUN = dict(TORCHELASTIC_RUN_ID="abc", GROUP_RANK="1", RANK="5", WORLD_SIZE="8", LOCAL_RANK="1",
@@ -150,3 +153,41 @@ def test_launch_into_a_given_mapping_leaves_the_process_alone(clean_env):
     environ = dict(MANUAL)
     DistributedLauncher(DistributedConfig(), environ=environ).launch(lambda args: None, Namespace())
     assert environ["LOCAL_RANK"] == "3" and "RANK" not in os.environ
+
+
+def test_a_manual_launch_takes_its_layout_from_the_config(clean_env):
+    layout = DistributedConfig(num_nodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29600)
+    assert DistributedLauncher(layout, environ={}).detect_environment() == "manual"
+    assert torch_environment({}, layout) == dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                                                 MASTER_ADDR="10.0.0.1", MASTER_PORT="29600")  # fmt: skip
+    # Two processes per node: the second one of node 1 is rank 3 of 4.
+    per_node = torch_environment({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, layout)
+    assert (per_node["RANK"], per_node["WORLD_SIZE"], per_node["LOCAL_RANK"]) == ("3", "4", "1")
+    # One trainer.yaml for every node: NODE_RANK and MASTER_* in the environment win.
+    node0 = torch_environment({"NODE_RANK": "0", "MASTER_ADDR": "head", "MASTER_PORT": "1234"}, layout)
+    assert (node0["RANK"], node0["MASTER_ADDR"], node0["MASTER_PORT"]) == ("0", "head", "1234")
+    with pytest.raises(ConfigError, match=r"^NODE_RANK: must be < distributed.num_nodes \(2\), got 2$"):
+        torch_environment({"NODE_RANK": "2"}, layout)
+
+
+def test_two_nodes_launched_by_hand_train_together(tmp_path):
+    """`python -m brain_trainer` started by hand on two "nodes": the config's layout forms one group."""
+    config = {
+        "training": {"steps": 3, "micro_batch_size": 2, "seq_len": 16, "log_interval": 1},
+        "distributed": {"strategy": "ddp", "num_nodes": 2, "master_addr": "127.0.0.1", "master_port": free_port()},
+        "data": {"source": "synthetic", "num_samples": 64},
+        "checkpoint": {"enabled": False},
+        "metrics": {"port": 0},
+    }
+    path = tmp_path / "trainer.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k not in ALL_VARIABLES}
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "brain_trainer", "--config", str(path)],
+                         env={**env, "NODE_RANK": str(node), "OMP_NUM_THREADS": "1"},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for node in range(2)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert "with ddp on 2 rank(s)" in outputs[0] and "step 3/3" in outputs[0]

@@ -4,6 +4,7 @@ import json
 import socket
 import urllib.request
 
+from brain_trainer.contract import Progress
 from brain_trainer.metrics import MetricsServer, start_metrics_server
 
 
@@ -17,7 +18,7 @@ def test_serves_progress_and_metrics(monkeypatch):
     server = MetricsServer(0, host="127.0.0.1")
     try:
         assert json.loads(fetch(server.port, "/progress")) == {}
-        server.publish({"step": 7, "total_steps": 20, "loss": 2.5, "tokens_per_second": 1000.0, "last_checkpoint_step": 5},
+        server.publish(Progress(step=7, total_steps=20, loss=2.5, tokens_per_second=1000.0, last_checkpoint_step=5),
                        step_time=0.25, learning_rate=1e-3)
         assert json.loads(fetch(server.port, "/progress"))["step"] == 7
         text = fetch(server.port, "/metrics").decode()

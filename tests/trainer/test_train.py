@@ -17,7 +17,8 @@ import yaml
 
 from brain_trainer.config import DistributedConfig, TrainerConfig
 from brain_trainer.data import RankAwareDataLoader, SyntheticDataset
-from brain_trainer.progress import Progress, eta_seconds, format_progress, utc_timestamp, write_progress
+from brain_trainer.contract import Progress, eta_seconds, format_time
+from brain_trainer.progress import write_progress
 from brain_trainer.schema import ConfigError
 from brain_trainer.train import param_groups, resolve_strategy, train
 from harness import free_port, run_ranks
@@ -145,11 +146,11 @@ def _progress(**overrides):
 
 
 def test_progress_document_fields_and_eta():
-    doc = json.loads(format_progress(_progress(last_checkpoint_step=40)))
+    doc = json.loads(_progress(last_checkpoint_step=40).to_json())
     assert doc == {"step": 40, "total_steps": 100, "loss": 2.5, "tokens_per_second": 1234.5, "eta_seconds": 12.0,
                    "last_checkpoint_step": 40, "updated_at": "2026-01-02T03:04:05Z"}
     assert eta_seconds(40, 100, 0.5) == 30.0 and eta_seconds(100, 100, 0.5) == 0 and eta_seconds(120, 100, 1.0) == 0
-    assert utc_timestamp(datetime(2026, 5, 6, 7, 8, 9, 999, tzinfo=timezone.utc)) == "2026-05-06T07:08:09Z"
+    assert format_time(datetime(2026, 5, 6, 7, 8, 9, 999, tzinfo=timezone.utc)) == "2026-05-06T07:08:09Z"
 
 
 def test_progress_file_is_replaced_atomically(tmp_path):

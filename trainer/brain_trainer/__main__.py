@@ -12,14 +12,13 @@ import sys
 from typing import Optional, Sequence
 
 from .config import load_config
+from .contract import CONFIG_ERROR, CONFIG_FLAG, TRAINER_MODULE
 from .schema import ConfigError
-
-CONFIG_ERROR_EXIT = 2
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m brain_trainer", description="Train a BrainAI model (one worker).")
-    parser.add_argument("--config", required=True, metavar="FILE", help="trainer.yaml")
+    parser = argparse.ArgumentParser(prog=f"python -m {TRAINER_MODULE}", description="Train a BrainAI model (one worker).")
+    parser.add_argument(CONFIG_FLAG, dest="config", required=True, metavar="FILE", help="trainer.yaml")
     return parser.parse_args(argv)
 
 
@@ -34,7 +33,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as exc:
         for error in exc.errors:
             print(f"error: {error}", file=sys.stderr)
-        return CONFIG_ERROR_EXIT
+        return CONFIG_ERROR
     return 0
 
 

@@ -1,7 +1,9 @@
 """The trainer's configuration: a typed tree loaded from trainer.yaml.
 
-Torch-free: the operator renders this file into a ConfigMap and its memory
-planner reads it. Keys in YAML are the snake_case field names below.
+Torch-free: the operator embeds these sections in the BrainTrainingJob spec
+(camelCase there, snake_case in trainer.yaml: the same tree), renders them
+into a ConfigMap, and its memory planner reads them. docs/architecture.md,
+"One declaration per setting".
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
+from .contract import METRICS_PORT
 from .presets import MODEL_PRESETS
-from .schema import ConfigError, FieldError, from_dict, setting, to_dict
+from .schema import ConfigError, FieldError, Names, from_dict, setting, to_dict
 
 PRESETS = tuple(MODEL_PRESETS)
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
@@ -55,44 +58,58 @@ class TrainingConfig:
     learning_rate: float = setting(3e-4, minimum=0, exclusive_minimum=True, help="peak learning rate")
     min_lr_ratio: float = setting(0.1, minimum=0, maximum=1, help="cosine decay floor as a fraction of the peak")
     warmup_steps: int = setting(10, minimum=0, help="linear warmup steps")
-    lr_scaling: str = setting("none", choices=LR_SCALING, help="linear: scale the LR by effective batch / reference_batch_size")
-    reference_batch_size: int = setting(256, minimum=1, help="batch at which learning_rate was tuned")
+    lr_scaling: str = setting("none", choices=LR_SCALING, help="linear: scale the LR by effective batch / reference batch size")
+    reference_batch_size: int = setting(256, minimum=1, help="batch at which the learning rate was tuned")
     weight_decay: float = setting(0.1, minimum=0)
     grad_clip: float = setting(1.0, minimum=0, help="max gradient norm; 0 disables clipping")
     seed: int = setting(0, minimum=0)
     log_interval: int = setting(10, minimum=1, help="steps between rank-0 log lines")
     compile: bool = setting(False, help="torch.compile the model (CUDA only)")
 
-    def check(self) -> Iterator[tuple[str, str]]:
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
             yield (
                 "global_batch_size",
-                f"must be a multiple of micro_batch_size ({self.micro_batch_size}), got {self.global_batch_size}",
+                f"must be a multiple of {name('micro_batch_size')} ({self.micro_batch_size}), got {self.global_batch_size}",
             )
+
+
+# The distributed settings a model preset recommends for the fields a job leaves unset.
+RECOMMENDED_FIELDS = ("fsdp_sharding", "activation_checkpointing", "cpu_offload", "mixed_precision_policy")
+# Under strategy auto the memory planner turns these on as rungs of its ladder.
+PLANNED_FIELDS = ("activation_checkpointing", "cpu_offload")
 
 
 @dataclass
 class DistributedConfig:
-    """How the model is spread over ranks (the seed's public contract, every field kept)."""
+    """How the model is spread over ranks; unset fields take the model preset's recommendation.
+
+    The seed's public contract, every field kept. Unset (null) fsdp_sharding, activation_checkpointing, cpu_offload and
+    mixed_precision_policy take the model preset's recommendation (`resolved`).
+    The world layout (num_nodes, node_rank, master_addr, master_port) serves a
+    manual launch; under torchrun or SLURM their environment gives it.
+    """
 
     strategy: str = setting("auto", choices=STRATEGIES, help="auto asks the memory planner")
-    fsdp_sharding: str = setting("full_shard", choices=FSDP_SHARDING)
-    gradient_accumulation_steps: int = setting(1, minimum=1)
-    find_unused_parameters: bool = setting(False)
-    sync_batchnorm: bool = setting(True)
+    fsdp_sharding: Optional[str] = setting(None, choices=FSDP_SHARDING, help="default: the model preset's")
+    gradient_accumulation_steps: int = setting(1, minimum=1, help="micro-batches per optimizer step")
+    find_unused_parameters: bool = setting(False, help="DDP: allow parameters that get no gradient in a step")
+    sync_batchnorm: bool = setting(True, help="synchronise BatchNorm statistics across ranks (CUDA only)")
     backend: str = setting("auto", choices=BACKENDS, help="auto: nccl when CUDA is available, else gloo")
-    num_nodes: int = setting(1, minimum=1)
-    node_rank: int = setting(0, minimum=0)
-    master_addr: str = setting("localhost")
-    master_port: int = setting(29500, minimum=1, maximum=65535)
-    activation_checkpointing: bool = setting(False)
-    cpu_offload: bool = setting(False)
-    mixed_precision_policy: str = setting("fp32", choices=PRECISIONS)
+    num_nodes: int = setting(1, minimum=1, derived=True, help="nodes of a manual launch")
+    node_rank: int = setting(0, minimum=0, derived=True, help="this node's index in a manual launch")
+    master_addr: str = setting("localhost", derived=True, help="rank 0's host in a manual launch")
+    master_port: int = setting(29500, minimum=1, maximum=65535, derived=True, help="rank 0's port in a manual launch")
+    activation_checkpointing: Optional[bool] = setting(None, help="recompute activations in backward; default: the model preset's")
+    cpu_offload: Optional[bool] = setting(None, help="FSDP: keep sharded states in host memory; default: the model preset's")
+    mixed_precision_policy: Optional[str] = setting(
+        None, choices=PRECISIONS, help="fp32, bf16 or fp16; default: the model preset's"
+    )
     timeout_seconds: int = setting(1800, minimum=1, help="collective timeout of the process group (init_process_group)")
 
-    def check(self) -> Iterator[tuple[str, str]]:
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.node_rank >= self.num_nodes:
-            yield "node_rank", f"must be < num_nodes ({self.num_nodes}), got {self.node_rank}"
+            yield "node_rank", f"must be < {name('num_nodes')} ({self.num_nodes}), got {self.node_rank}"
 
     @classmethod
     def preset(cls, scale: str) -> "DistributedConfig":
@@ -101,6 +118,20 @@ class DistributedConfig:
             raise ConfigError([FieldError("model.preset", f"must be one of {', '.join(PRESETS)}; got {scale!r}")])
         return replace(DISTRIBUTED_PRESETS[scale])
 
+    def resolved(self, preset: str = "minimal") -> "DistributedConfig":
+        """Unset fields filled with `preset`'s recommendation; idempotent.
+
+        A preset's recommendation applies to an explicitly chosen strategy:
+        under `auto` the planner adds checkpointing and offload when needed.
+        """
+        recommended = DISTRIBUTED_PRESETS[preset]
+        filled = {
+            field_name: False if self.strategy == "auto" and field_name in PLANNED_FIELDS else getattr(recommended, field_name)
+            for field_name in RECOMMENDED_FIELDS
+            if getattr(self, field_name) is None
+        }
+        return replace(self, **filled) if filled else self
+
     def resolved_backend(self, cuda_available: bool) -> str:
         if self.backend == "auto":
             return "nccl" if cuda_available else "gloo"
@@ -108,12 +139,14 @@ class DistributedConfig:
 
 
 DISTRIBUTED_PRESETS: dict[str, DistributedConfig] = {
-    "minimal": DistributedConfig(strategy="ddp"),
-    "1b": DistributedConfig(strategy="ddp", mixed_precision_policy="bf16"),
-    "3b": DistributedConfig(strategy="fsdp", fsdp_sharding="shard_grad_op", mixed_precision_policy="bf16"),
-    "7b": DistributedConfig(
-        strategy="fsdp", fsdp_sharding="full_shard", mixed_precision_policy="bf16", activation_checkpointing=True
-    ),
+    name: DistributedConfig(**{"fsdp_sharding": "full_shard", "activation_checkpointing": False, "cpu_offload": False,
+                               "mixed_precision_policy": "fp32", **recommended})
+    for name, recommended in {
+        "minimal": {"strategy": "ddp"},
+        "1b": {"strategy": "ddp", "mixed_precision_policy": "bf16"},
+        "3b": {"strategy": "fsdp", "fsdp_sharding": "shard_grad_op", "mixed_precision_policy": "bf16"},
+        "7b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": True},
+    }.items()
 }
 
 
@@ -126,7 +159,7 @@ class DataConfig:
     num_workers: int = setting(0, minimum=0, help="DataLoader worker processes per rank")
     num_samples: int = setting(65536, minimum=1, help="sequences in the synthetic dataset (one epoch)")
 
-    def check(self) -> Iterator[tuple[str, str]]:
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.source == "files" and not self.path:
             yield "path", "required when source is 'files'"
 
@@ -135,21 +168,36 @@ class DataConfig:
 class CheckpointConfig:
     """Sharded, atomically committed, resumable checkpoints."""
 
-    dir: str = setting("checkpoints", help="folder holding step-XXXXXXXX/ checkpoints")
+    dir: str = setting("checkpoints", derived=True, help="folder holding step-XXXXXXXX/ checkpoints (the checkpoint mount)")
     interval_steps: int = setting(50, minimum=0, help="steps between checkpoints; 0 saves only at the end")
     keep_last: int = setting(3, minimum=1, help="committed checkpoints to keep")
     async_save: bool = setting(True, key="async", help="save in the background; the loop stalls only for staging")
-    enabled: bool = setting(True)
-
-
-METRICS_PORT = 9400
+    enabled: bool = setting(True, help="false: never save nor resume")
 
 
 @dataclass
 class MetricsConfig:
     """Rank 0's HTTP endpoint: Prometheus metrics and the JSON progress document."""
 
-    port: int = setting(METRICS_PORT, minimum=0, maximum=65535, help="rank 0 serves /metrics and /progress here; 0 disables")
+    port: int = setting(METRICS_PORT, minimum=0, maximum=65535, derived=True, help="rank 0 serves /metrics and /progress here; 0 disables")
+
+
+def cross_section_rules(
+    model: ModelConfig, training: TrainingConfig, distributed: DistributedConfig, name: Names
+) -> Iterator[tuple[str, str]]:
+    """Rules across the trainer's sections, for trainer.yaml and the BrainTrainingJob alike (same paths)."""
+    if model.entrypoint is None:
+        longest = MODEL_PRESETS[model.preset].max_seq_len
+        if training.seq_len > longest:
+            yield (
+                "training.seq_len",
+                f"must be <= {longest} (the {model.preset} preset's max_seq_len), got {training.seq_len}",
+            )
+    if training.global_batch_size is not None and distributed.gradient_accumulation_steps != 1:
+        yield (
+            "distributed.gradient_accumulation_steps",
+            f"set either {name('training.global_batch_size')} or {name('distributed.gradient_accumulation_steps')}, not both",
+        )
 
 
 @dataclass
@@ -163,19 +211,13 @@ class TrainerConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
-    def check(self) -> Iterator[tuple[str, str]]:
-        if self.model.entrypoint is None:
-            longest = MODEL_PRESETS[self.model.preset].max_seq_len
-            if self.training.seq_len > longest:
-                yield (
-                    "training.seq_len",
-                    f"must be <= {longest} (the {self.model.preset} preset's max_seq_len), got {self.training.seq_len}",
-                )
-        if self.training.global_batch_size is not None and self.distributed.gradient_accumulation_steps != 1:
-            yield (
-                "distributed.gradient_accumulation_steps",
-                "set either training.global_batch_size or gradient_accumulation_steps, not both",
-            )
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        yield from cross_section_rules(self.model, self.training, self.distributed, name)
+
+    def resolved(self) -> "TrainerConfig":
+        """The config with the model preset's recommendations in the unset distributed fields; idempotent."""
+        distributed = self.distributed.resolved(self.model.preset)
+        return self if distributed is self.distributed else replace(self, distributed=distributed)
 
     def accumulation_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step at this world size."""
@@ -206,8 +248,12 @@ class TrainerConfig:
         return yaml.dump(self.to_dict(), Dumper=dumper, sort_keys=False)
 
     def config_hash(self) -> str:
-        """A stable digest of the settings, recorded in checkpoint manifests."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """A stable digest of the settings a user declares, recorded in checkpoint manifests.
+
+        The manifest view: derived fields (checkpoint folder, metrics port, world
+        layout) differ between a cluster and a laptop without changing the run.
+        """
+        canonical = json.dumps(to_dict(self, camel_case=True), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     @classmethod

@@ -1,4 +1,9 @@
-"""Data parallelism with DistributedDataParallel: every rank holds the whole model."""
+"""Data parallelism with DistributedDataParallel (every rank holds the whole model), and the single-process case.
+
+The wrappers share one interface (the seed's contract): `setup(rank,
+world_size)` returns the model to train, `all_reduce_metrics` averages over
+ranks, `cleanup` leaves the process group as it found it.
+"""
 
 from __future__ import annotations
 
@@ -57,10 +62,14 @@ def has_batchnorm(model: nn.Module) -> bool:
 
 
 class ProcessGroupUser:
-    """Joins the default process group in setup; cleanup destroys it only if this object created it."""
+    """Joins the default process group in setup; cleanup destroys it only if this object created it.
+
+    The config's unset fields are resolved (`DistributedConfig.resolved`):
+    the wrappers always see concrete settings.
+    """
 
     def __init__(self, config: DistributedConfig):
-        self.config = config
+        self.config = config.resolved()
         self._owns_group = False
 
     def join_process_group(self, rank: int, world_size: int) -> None:
@@ -70,6 +79,32 @@ class ProcessGroupUser:
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_group = False
+
+    def all_reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The mean of each metric over all ranks (every rank passes the same keys)."""
+        return all_reduce_mean(metrics)
+
+    def sync_batchnorm(self, model: nn.Module, device: torch.device) -> nn.Module:
+        """BatchNorm layers made SyncBatchNorm when configured and possible."""
+        if not (self.config.sync_batchnorm and has_batchnorm(model)):
+            return model
+        if device.type == "cpu":
+            # SyncBatchNorm runs only on accelerators; on CPU each rank keeps its own statistics.
+            log.warning("sync_batchnorm ignored on CPU: BatchNorm statistics stay per rank")
+            return model
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+class SingleDeviceWrapper(ProcessGroupUser):
+    """strategy single: one process trains the model on its device, unwrapped."""
+
+    def __init__(self, model: nn.Module, config: DistributedConfig):
+        super().__init__(config)
+        self.model = model
+
+    def setup(self, rank: int, world_size: int) -> nn.Module:
+        self.join_process_group(rank, world_size)
+        return self.model.to(use_local_device())
 
 
 class DDPWrapper(ProcessGroupUser):
@@ -83,22 +118,13 @@ class DDPWrapper(ProcessGroupUser):
     def setup(self, rank: int, world_size: int) -> nn.Module:
         self.join_process_group(rank, world_size)
         device = use_local_device()
-        model = self.model.to(device)
-        if self.config.sync_batchnorm and has_batchnorm(model):
-            if device.type == "cpu":
-                # SyncBatchNorm runs only on accelerators; on CPU each rank keeps its own statistics.
-                log.warning("sync_batchnorm ignored on CPU: BatchNorm statistics stay per rank")
-            else:
-                model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = self.sync_batchnorm(self.model.to(device), device)
         self.wrapped = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=self.config.find_unused_parameters,
         )
         return self.wrapped
-
-    def all_reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        return all_reduce_mean(metrics)
 
 
 def all_reduce_mean(metrics: dict[str, float]) -> dict[str, float]:

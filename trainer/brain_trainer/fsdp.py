@@ -124,6 +124,7 @@ class FSDPWrapper(ProcessGroupUser):
         """Shard in place; a model built on the meta device stays there (call `to_empty` + init after)."""
         self.join_process_group(rank, world_size)
         device = use_local_device()
+        self.model = self.sync_batchnorm(self.model, device)
         policy = self.get_sharding_policy(world_size)
         self.mesh = init_device_mesh(device.type, policy.mesh_shape, mesh_dim_names=policy.mesh_dim_names)
         modules = dict(self.model.named_modules())

@@ -1,11 +1,18 @@
-"""Start training under torchrun, SLURM, a hand-set environment, or alone.
+"""Start training under torchrun, SLURM, a manual multi-node launch, or alone.
 
 `detect_environment` and `torch_environment` are pure: they read a mapping of
-environment variables and say which launcher started us and which torch
-variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT) follow from it. `DistributedLauncher.launch` applies that to
-`os.environ` and calls the training function in this process, where
-`init_process_group("env://")` then finds everything it needs.
+environment variables (and the config's world layout) and say which launcher
+started us and which torch variables (RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) follow from it.
+`DistributedLauncher.launch` applies that to `os.environ` and calls the
+training function in this process, where `init_process_group("env://")`
+then finds everything it needs.
+
+A manual launch starts one process per rank by hand: `distributed.num_nodes`,
+`node_rank`, `master_addr` and `master_port` give the layout, and each
+process's LOCAL_RANK (default 0) and LOCAL_WORLD_SIZE (default 1) place it on
+its node; NODE_RANK, RANK, WORLD_SIZE, MASTER_ADDR or MASTER_PORT set in the
+environment win over the config.
 """
 
 from __future__ import annotations
@@ -14,24 +21,31 @@ import os
 import re
 import socket
 from argparse import Namespace
-from typing import Callable, Mapping, MutableMapping, Optional
+from typing import Callable, Mapping, MutableMapping, Optional, TypeVar
 
 from .config import DistributedConfig
+from .contract import RESTART_COUNT_ENV, TORCH_RANK_VARIABLES
 from .schema import ConfigError, FieldError
 
 ENVIRONMENTS = ("torchrun", "slurm", "manual", "single")
-TORCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+T = TypeVar("T")
 
 _BRACKET = re.compile(r"\[([^\]]*)\]")
 
 
-def detect_environment(env: Mapping[str, str]) -> str:
-    """Which launcher started this process: torchrun, slurm, manual or single."""
+def detect_environment(env: Mapping[str, str], config: Optional[DistributedConfig] = None) -> str:
+    """Which launcher started this process: torchrun, slurm, manual or single.
+
+    Manual: the environment names the rank and rendezvous, or the config a
+    layout of several nodes.
+    """
     if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
         return "torchrun"
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return "slurm"
     if all(key in env for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        return "manual"
+    if config is not None and config.num_nodes > 1:
         return "manual"
     return "single"
 
@@ -121,10 +135,10 @@ def torch_environment(
     (an sbatch script exporting MASTER_ADDR keeps it). Raises ConfigError
     naming the variable when one is missing or malformed.
     """
-    kind = kind or detect_environment(env)
+    kind = kind or detect_environment(env, config)
     if kind == "torchrun":
         # torchrun sets every variable itself; check them rather than guess.
-        out = {key: _require(env, key) for key in TORCH_VARIABLES}
+        out = {key: _require(env, key) for key in TORCH_RANK_VARIABLES}
     elif kind == "slurm":
         out = _from_slurm(env, config)
     elif kind == "manual":
@@ -163,18 +177,30 @@ def _from_slurm(env: Mapping[str, str], config: DistributedConfig) -> dict[str, 
 
 
 def _from_manual(env: Mapping[str, str], config: DistributedConfig) -> dict[str, str]:
-    rank = env_int(env, "RANK")
-    world_size = env_int(env, "WORLD_SIZE", minimum=1)
-    if world_size % config.num_nodes:
-        nodes = config.num_nodes
-        raise _error("WORLD_SIZE", f"must be a multiple of distributed.num_nodes ({nodes}), got {world_size}")
-    local_world_size = env_int(env, "LOCAL_WORLD_SIZE", default=world_size // config.num_nodes, minimum=1)
+    nodes = config.num_nodes
+    if "WORLD_SIZE" in env:
+        world_size = env_int(env, "WORLD_SIZE", minimum=1)
+        if world_size % nodes:
+            raise _error("WORLD_SIZE", f"must be a multiple of distributed.num_nodes ({nodes}), got {world_size}")
+        local_world_size = env_int(env, "LOCAL_WORLD_SIZE", default=world_size // nodes, minimum=1)
+    else:
+        local_world_size = env_int(env, "LOCAL_WORLD_SIZE", default=1, minimum=1)
+        world_size = nodes * local_world_size
+    if "RANK" in env:
+        rank = env_int(env, "RANK")
+        local_rank = env_int(env, "LOCAL_RANK", default=rank % local_world_size)
+    else:
+        node_rank = env_int(env, "NODE_RANK", default=config.node_rank)
+        if node_rank >= nodes:
+            raise _error("NODE_RANK", f"must be < distributed.num_nodes ({nodes}), got {node_rank}")
+        local_rank = env_int(env, "LOCAL_RANK", default=0)
+        rank = node_rank * local_world_size + local_rank
     return dict(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(env_int(env, "LOCAL_RANK", default=rank % local_world_size)),
+        LOCAL_RANK=str(local_rank),
         LOCAL_WORLD_SIZE=str(local_world_size),
-        MASTER_ADDR=_require(env, "MASTER_ADDR"),
+        MASTER_ADDR=env.get("MASTER_ADDR") or config.master_addr,
         MASTER_PORT=str(env_int(env, "MASTER_PORT", default=config.master_port)),
     )
 
@@ -206,7 +232,7 @@ def env_int(
 
 def restart_count(env: Mapping[str, str] = os.environ) -> int:
     """Worker-group restarts so far, as torchrun counts them (0 when torchrun did not start us)."""
-    return env_int(env, "TORCHELASTIC_RESTART_COUNT", default=0)
+    return env_int(env, RESTART_COUNT_ENV, default=0)
 
 
 def _error(variable: str, message: str) -> ConfigError:
@@ -230,12 +256,12 @@ class DistributedLauncher:
         self.environ = os.environ if environ is None else environ
 
     def detect_environment(self) -> str:
-        return detect_environment(self.environ)
+        return detect_environment(self.environ, self.config)
 
     def torch_environment(self) -> dict[str, str]:
         return torch_environment(self.environ, self.config)
 
-    def launch(self, train_fn: Callable[[Namespace], object], args: Namespace) -> None:
-        """Export the torch variables, then run `train_fn(args)` in this process."""
+    def launch(self, train_fn: Callable[[Namespace], T], args: Namespace) -> T:
+        """Export the torch variables, then run `train_fn(args)` in this process; returns what it returns."""
         self.environ.update(self.torch_environment())
-        train_fn(args)
+        return train_fn(args)

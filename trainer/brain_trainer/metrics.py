@@ -8,28 +8,27 @@ so a slow scraper never stalls training.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import threading
+import typing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
+from .contract import METRICS_PATH, PROGRESS_PATH, Progress
 from .launcher import restart_count
 
 log = logging.getLogger(__name__)
 
-PROGRESS_PATH = "/progress"
-METRICS_PATH = "/metrics"
-
-# progress-document key -> (metric name, help)
+METRIC_PREFIX = "brain_trainer_"
+_NUMBERS = (int, float, Optional[int], Optional[float])
+# Each numeric field of the progress document is a gauge of the same name, with the field's help.
 _FROM_PROGRESS = {
-    "step": ("brain_trainer_step", "Optimizer steps completed"),
-    "total_steps": ("brain_trainer_total_steps", "Optimizer steps the job will run"),
-    "loss": ("brain_trainer_loss", "Training loss of the last logged step, averaged over ranks"),
-    "tokens_per_second": ("brain_trainer_tokens_per_second", "Training throughput over all ranks"),
-    "last_checkpoint_step": ("brain_trainer_last_checkpoint_step", "Step of the newest committed checkpoint"),
+    f.name: (METRIC_PREFIX + f.name, f.metadata["help"])
+    for f in dataclasses.fields(Progress)
+    if typing.get_type_hints(Progress)[f.name] in _NUMBERS
 }
 # keyword of publish() -> (metric name, help)
 _EXTRAS = {
@@ -52,7 +51,7 @@ class MetricsServer:
             registry=self.registry,
         )
         restarts.set(restart_count())
-        self._progress: dict[str, Any] = {}
+        self._progress: Optional[Progress] = None
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
@@ -63,21 +62,21 @@ class MetricsServer:
     def port(self) -> int:
         return self._server.server_address[1]
 
-    def publish(self, progress: Mapping[str, Any], **extras: Optional[float]) -> None:
+    def publish(self, progress: Progress, **extras: Optional[float]) -> None:
         """Record a new progress document; extras are step_time, learning_rate, peak_memory_bytes."""
         unknown = set(extras) - set(_EXTRAS)
         if unknown:
             raise TypeError(f"unknown metrics: {sorted(unknown)}")
         # Under the lock a scrape never sees the step of one update with the loss of another.
         with self._lock:
-            self._progress = dict(progress)
-            for key, value in {**progress, **extras}.items():
+            self._progress = progress
+            for key, value in {**vars(progress), **extras}.items():
                 if key in self._gauges and isinstance(value, (int, float)):
                     self._gauges[key].set(value)
 
     def progress_json(self) -> bytes:
         with self._lock:
-            return json.dumps(self._progress).encode()
+            return (self._progress.to_json() if self._progress else "{}").encode()
 
     def metrics_text(self) -> bytes:
         with self._lock:

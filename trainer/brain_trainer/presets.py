@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-from .schema import ConfigError, FieldError, from_dict, setting, to_dict
+from .schema import ConfigError, FieldError, Names, from_dict, setting, to_dict
 
 VOCAB_SIZE = 256  # byte-level: every byte is a token, no tokenizer to ship
 NGRAM_ORDERS = (2, 3)  # the encoder also embeds the hashed bigram and trigram ending at each byte
@@ -40,9 +40,9 @@ class BrainAIConfig:
     max_seq_len: int = setting(512, minimum=1, help="longest sequence the model accepts")
     vocab_size: int = setting(VOCAB_SIZE, minimum=VOCAB_SIZE, maximum=VOCAB_SIZE, help="byte-level, always 256")
 
-    def check(self) -> Iterator[tuple[str, str]]:
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.d_model % self.n_heads:
-            yield "n_heads", f"must divide d_model ({self.d_model}), got {self.n_heads}"
+            yield "n_heads", f"must divide {name('d_model')} ({self.d_model}), got {self.n_heads}"
 
     @property
     def ffn_hidden(self) -> int:

@@ -5,6 +5,17 @@ BrainTrainingJob spec (camelCase keys) and the CRD's OpenAPI schema, so every
 constraint (type, enum, minimum, required) is written once, on the dataclass
 field, with `setting(...)`.
 
+Two views of one tree (docs/architecture.md, "One declaration per setting"):
+
+- the trainer view (`camel_case=False`): trainer.yaml, snake_case keys, every field;
+- the manifest view (`camel_case=True`): a BrainTrainingJob, camelCase keys, and
+  no field declared `derived=True`: the operator fills those when it renders
+  trainer.yaml (the checkpoint folder, the metrics port, the world layout).
+
+Rules across fields live in a dataclass's `check(self, name)`, which yields
+`(dotted_field, message)`; `name("training.micro_batch_size")` spells another
+field as the reader wrote it (`training.microBatchSize` in a manifest).
+
 Torch-free on purpose: the operator imports it.
 """
 
@@ -16,16 +27,22 @@ import re
 import types
 import typing
 from dataclasses import MISSING, dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
+
+# How a `check` spells another field: `name("training.micro_batch_size")`.
+Names = Callable[[str], str]
 
 __all__ = [
+    "Names",
     "ConfigError",
     "FieldError",
     "setting",
     "from_dict",
     "to_dict",
+    "valid_fields",
     "openapi_schema",
     "key_for",
+    "in_view",
     "camel",
 ]
 
@@ -58,10 +75,12 @@ def setting(
     pattern: str | None = None,
     help: str = "",
     key: str | None = None,
+    derived: bool = False,
 ) -> Any:
     """A dataclass field with the constraints that validation and the CRD share.
 
-    `key` overrides the dict key (e.g. `async`, a Python keyword).
+    `key` overrides the dict key (e.g. `async`, a Python keyword); `derived`
+    keeps the field out of the manifest view (the operator sets it).
     """
     meta = {
         "choices": choices,
@@ -71,6 +90,7 @@ def setting(
         "pattern": pattern,
         "help": help,
         "key": key,
+        "derived": derived,
     }
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
@@ -80,6 +100,11 @@ def setting(
 def camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def in_view(f: dataclasses.Field, camel_case: bool) -> bool:
+    """Whether a field belongs to the view: the manifest view leaves out derived fields."""
+    return f.init and not (camel_case and f.metadata.get("derived"))
 
 
 def key_for(f: dataclasses.Field, camel_case: bool) -> str:
@@ -93,6 +118,19 @@ def key_for(f: dataclasses.Field, camel_case: bool) -> str:
 def _hints(cls: type) -> dict[str, Any]:
     # Resolving string annotations dominates parsing; a class's hints never change.
     return typing.get_type_hints(cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _fields(cls: type, camel_case: bool) -> tuple[tuple[str, dataclasses.Field, Any], ...]:
+    """(key, field, type) of each field in the view: what every reader and writer walks, computed once."""
+    hints = _hints(cls)
+    return tuple((key_for(f, camel_case), f, hints[f.name]) for f in dataclasses.fields(cls) if in_view(f, camel_case))
+
+
+@functools.lru_cache(maxsize=None)
+def _keys(cls: type, camel_case: bool) -> dict[str, None]:
+    """The keys of the view, in declaration order (a dict: ordered, with fast membership)."""
+    return dict.fromkeys(key for key, _, _ in _fields(cls, camel_case))
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -116,27 +154,43 @@ def _is_int_or_string(tp: Any) -> bool:
     return typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {int, str}
 
 
-def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[FieldError]) -> Any:
+@functools.lru_cache(maxsize=None)
+def _shape(tp: Any) -> tuple[str, Any, bool]:
+    """(kind, inner type, optional) of a field type: dataclass, list, dict, any, int-or-string or scalar."""
     tp, optional = _unwrap_optional(tp)
+    if dataclasses.is_dataclass(tp):
+        return "dataclass", tp, optional
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return "list", typing.get_args(tp)[0], optional
+    if origin is dict:
+        return "dict", typing.get_args(tp)[1], optional
+    if tp is Any:
+        return "any", tp, optional
+    if _is_int_or_string(tp):
+        return "int-or-string", tp, optional
+    return "scalar", tp, optional
+
+
+def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[FieldError]) -> Any:
+    kind, tp, optional = _shape(tp)
     if value is None:
         if optional:
             return None
         errors.append(FieldError(path, f"must not be null"))
         return None
-    if dataclasses.is_dataclass(tp):
+    if kind == "dataclass":
         if not isinstance(value, Mapping):
             errors.append(FieldError(path, f"must be a mapping, got {_describe(value)}"))
             return None
         return _build(tp, value, path, camel_case, errors)
-    origin = typing.get_origin(tp)
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
+    if kind == "list":
         if not isinstance(value, list):
             errors.append(FieldError(path, f"must be a list, got {_describe(value)}"))
             return None
-        return [_convert(item_tp, v, f"{path}[{i}]", camel_case, errors) for i, v in enumerate(value)]
-    if origin is dict:
-        _, val_tp = typing.get_args(tp)
+        return [_convert(tp, v, f"{path}[{i}]", camel_case, errors) for i, v in enumerate(value)]
+    if kind == "dict":
+        val_tp = tp
         if not isinstance(value, Mapping):
             errors.append(FieldError(path, f"must be a mapping, got {_describe(value)}"))
             return None
@@ -147,9 +201,9 @@ def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[Fiel
                 continue
             out[k] = v if val_tp is Any else _convert(val_tp, v, f"{path}.{k}", camel_case, errors)
         return out
-    if tp is Any:
+    if kind == "any":
         return value
-    if _is_int_or_string(tp):
+    if kind == "int-or-string":
         if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
             return value
         errors.append(FieldError(path, f"must be an integer or a string, got {_describe(value)}"))
@@ -194,22 +248,21 @@ def _check_constraints(f: dataclasses.Field, value: Any, path: str, errors: list
 
 
 def _build(cls: type, data: Mapping, path: str, camel_case: bool, errors: list[FieldError]) -> Any:
-    hints = _hints(cls)
-    fields = {key_for(f, camel_case): f for f in dataclasses.fields(cls) if f.init}
+    fields = _fields(cls, camel_case)
     prefix = f"{path}." if path else ""
+    known = _keys(cls, camel_case)
     for key in data:
-        if key not in fields:
-            known = ", ".join(fields)
-            errors.append(FieldError(f"{prefix}{key}", f"unknown field (known fields: {known})"))
+        if key not in known:
+            errors.append(FieldError(f"{prefix}{key}", f"unknown field (known fields: {', '.join(known)})"))
     kwargs = {}
     n_before = len(errors)
-    for key, f in fields.items():
+    for key, f, tp in fields:
         fpath = f"{prefix}{key}"
         if key not in data:
             if f.default is MISSING and f.default_factory is MISSING:
                 errors.append(FieldError(fpath, "required field is missing"))
             continue
-        value = _convert(hints[f.name], data[key], fpath, camel_case, errors)
+        value = _convert(tp, data[key], fpath, camel_case, errors)
         _check_constraints(f, value, fpath, errors)
         kwargs[f.name] = value
     if len(errors) > n_before:
@@ -217,13 +270,14 @@ def _build(cls: type, data: Mapping, path: str, camel_case: bool, errors: list[F
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)
     if check is not None:
-        for name, message in check():
-            errors.append(FieldError(f"{prefix}{_field_key(cls, name, camel_case)}", message))
+        name = functools.partial(_field_key, cls, camel_case=camel_case)
+        for dotted, message in check(name):
+            errors.append(FieldError(f"{prefix}{name(dotted)}", message))
     return obj
 
 
 def _field_key(cls: type, dotted: str, camel_case: bool) -> str:
-    """Map a dotted snake_case attribute path to its dict-key path."""
+    """A dotted snake_case attribute path below `cls`, spelled as the view's keys."""
     if not camel_case:
         return dotted
     out, current = [], cls
@@ -242,8 +296,9 @@ def _field_key(cls: type, dotted: str, camel_case: bool) -> str:
 def from_dict(cls: type, data: Any, *, path: str = "", camel_case: bool = False) -> Any:
     """Build `cls` from a mapping, or raise ConfigError listing every bad field.
 
-    Unknown keys are errors. A dataclass may define `check(self)` yielding
-    `(dotted_field_name, message)` pairs for rules across fields.
+    Unknown keys are errors (in the manifest view, derived fields too). A
+    dataclass may define `check(self, name)` yielding `(dotted_field, message)`
+    pairs for rules across fields; see the module docstring.
     """
     errors: list[FieldError] = []
     if data is None:
@@ -256,15 +311,35 @@ def from_dict(cls: type, data: Any, *, path: str = "", camel_case: bool = False)
     return obj
 
 
+def valid_fields(cls: type, data: Any, *, camel_case: bool = False) -> dict[str, Any]:
+    """The top-level entries of `data` that are valid fields of `cls` on their own; the rest dropped.
+
+    For documents another version of the other half may have written: what
+    this version understands is read, nothing else stops it.
+    """
+    if not isinstance(data, Mapping):
+        return {}
+    kept = {}
+    for key, f, tp in _fields(cls, camel_case):
+        if key not in data:
+            continue
+        errors: list[FieldError] = []
+        value = _convert(tp, data[key], key, camel_case, errors)
+        _check_constraints(f, value, key, errors)
+        if not errors:
+            kept[key] = data[key]
+    return kept
+
+
 def to_dict(obj: Any, *, camel_case: bool = False, drop_none: bool = True) -> Any:
-    """The inverse of from_dict: plain dicts, lists and scalars."""
+    """The inverse of from_dict: plain dicts, lists and scalars, in the view `camel_case` names."""
     if dataclasses.is_dataclass(obj):
         out = {}
-        for f in dataclasses.fields(obj):
+        for key, f, _ in _fields(type(obj), camel_case):
             value = to_dict(getattr(obj, f.name), camel_case=camel_case, drop_none=drop_none)
             if value is None and drop_none:
                 continue
-            out[key_for(f, camel_case)] = value
+            out[key] = value
         return out
     if isinstance(obj, list):
         return [to_dict(v, camel_case=camel_case, drop_none=drop_none) for v in obj]
@@ -297,11 +372,11 @@ def _type_schema(tp: Any, camel_case: bool) -> dict:
 
 
 def openapi_schema(cls: type, *, camel_case: bool = True) -> dict:
-    """A structural OpenAPI v3 schema for a config dataclass (for the CRD)."""
+    """A structural OpenAPI v3 schema for a config dataclass (for the CRD: the manifest view)."""
     hints = _hints(cls)
     props, required = {}, []
     for f in dataclasses.fields(cls):
-        if not f.init:
+        if not in_view(f, camel_case):
             continue
         key = key_for(f, camel_case)
         schema = _type_schema(hints[f.name], camel_case)

@@ -1,7 +1,9 @@
-"""The training loop: `train(cfg)` under torchrun, SLURM, a hand-set environment, or alone.
+"""The training loop: `train(cfg)` under torchrun, SLURM, a manual launch, or alone.
 
-launcher -> process group -> strategy -> model -> wrapper -> optimizer and
-schedule -> checkpoint restore -> rank-aware data -> loop -> final save.
+DistributedLauncher -> process group -> strategy -> model -> DDPWrapper /
+FSDPWrapper -> optimizer and schedule -> checkpoint restore ->
+RankAwareDataLoader -> loop (GradientAccumulator) -> final save. The seed's
+public classes are this path (docs/architecture.md, "The trainer").
 
 The loop keeps the running loss on the device and synchronises with the host
 only at logging steps (every `training.log_interval` steps), where rank 0
@@ -15,6 +17,7 @@ import logging
 import os
 import resource
 import time
+from argparse import Namespace
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -29,14 +32,15 @@ from torch.utils.data import Dataset
 from .accumulation import GradientAccumulator
 from .checkpoint import CheckpointManager, SampleLog, TrainState
 from .config import DistributedConfig, TrainerConfig
+from .contract import PROGRESS_FILE_ENV, Progress, eta_seconds, format_time
 from .data import RankAwareDataLoader, build_dataset
-from .ddp import DDPWrapper, all_reduce_mean, ensure_process_group, use_local_device
+from .ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
 from .fsdp import FSDPWrapper
 from .launcher import DistributedLauncher
 from .memory import resolve_distributed
 from .metrics import start_metrics_server
 from .model import build_model
-from .progress import PROGRESS_FILE_ENV, Progress, eta_seconds, utc_timestamp, write_progress
+from .progress import write_progress
 from .schedule import WarmupCosine, follow_config, peak_learning_rate
 from .schema import ConfigError, FieldError
 
@@ -86,12 +90,12 @@ def resolve_strategy(cfg: TrainerConfig, world_size: int, device: torch.device) 
     return resolved
 
 
-def wrap_model(model: nn.Module, dist_cfg: DistributedConfig, rank: int, world_size: int, device: torch.device) -> nn.Module:
-    if dist_cfg.strategy == "ddp":
-        return DDPWrapper(model, dist_cfg).setup(rank, world_size)
-    if dist_cfg.strategy == "fsdp":
-        return FSDPWrapper(model, dist_cfg).setup(rank, world_size)
-    return model.to(device)
+WRAPPERS = {"single": SingleDeviceWrapper, "ddp": DDPWrapper, "fsdp": FSDPWrapper}
+
+
+def make_wrapper(model: nn.Module, dist_cfg: DistributedConfig) -> ProcessGroupUser:
+    """The seed's wrapper for a resolved strategy: SingleDeviceWrapper, DDPWrapper or FSDPWrapper."""
+    return WRAPPERS[dist_cfg.strategy](model, dist_cfg)
 
 
 def committed_step(ckpt: CheckpointManager) -> Optional[int]:
@@ -138,7 +142,7 @@ class Reporter:
                 tokens_per_second=tokens_per_second,
                 eta_seconds=eta_seconds(step, self.total_steps, step_time),
                 last_checkpoint_step=last_checkpoint_step,
-                updated_at=utc_timestamp(),
+                updated_at=format_time(),
             ),
             step_time=step_time,
             learning_rate=lr,
@@ -148,7 +152,7 @@ class Reporter:
     def checkpointed(self, step: Optional[int]) -> None:
         """Re-publish the last progress once the final checkpoint is committed."""
         if self.active and self.last is not None and step != self.last.last_checkpoint_step:
-            self._publish(replace(self.last, last_checkpoint_step=step, updated_at=utc_timestamp()))
+            self._publish(replace(self.last, last_checkpoint_step=step, updated_at=format_time()))
 
     def _publish(self, progress: Progress, **extras: float) -> None:
         self.last = progress
@@ -158,7 +162,7 @@ class Reporter:
             except OSError as exc:  # like the metrics endpoint, progress reporting never stops training
                 log.warning("cannot write the progress document %s: %s", self.progress_path, exc.strerror or exc)
         if self.metrics is not None:
-            self.metrics.publish(progress.as_dict(), **extras)
+            self.metrics.publish(progress, **extras)
 
     def close(self) -> None:
         if self.metrics is not None:
@@ -166,11 +170,19 @@ class Reporter:
 
 
 def train(cfg: TrainerConfig) -> TrainResult:
-    """Train as configured; returns on every rank once the last step is saved."""
+    """Train as configured; returns on every rank once the last step is saved.
+
+    DistributedLauncher exports the torch variables for whichever launcher
+    started this process, then runs the loop here.
+    """
+    cfg = cfg.resolved()
     # Build the dataset first: a bad data.path fails before any rendezvous.
     dataset = build_dataset(cfg.data, cfg.training.seq_len, cfg.training.seed)
-    launcher = DistributedLauncher(cfg.distributed)
-    os.environ.update(launcher.torch_environment())
+    return DistributedLauncher(cfg.distributed).launch(_launched, Namespace(config=cfg, dataset=dataset))
+
+
+def _launched(args: Namespace) -> TrainResult:
+    cfg: TrainerConfig = args.config
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = use_local_device()
     with contextlib.ExitStack() as cleanup:  # undone in reverse order, whatever happens
@@ -178,7 +190,7 @@ def train(cfg: TrainerConfig) -> TrainResult:
             cleanup.callback(dist.destroy_process_group)
         reporter = Reporter(cfg, rank)
         cleanup.callback(reporter.close)
-        return _run(cfg, dataset, rank, world_size, device, reporter, cleanup)
+        return _run(cfg, args.dataset, rank, world_size, device, reporter, cleanup)
 
 
 def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter,
@@ -190,7 +202,8 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     tokens_per_step = global_batch * training.seq_len
 
     torch.manual_seed(training.seed)  # identical initial weights on every rank
-    model = wrap_model(build_model(cfg.model), dist_cfg, rank, world_size, device)
+    wrapper = make_wrapper(build_model(cfg.model), dist_cfg)
+    model = wrapper.setup(rank, world_size)
     forward = torch.compile(model) if training.compile and device.type == "cuda" else model
 
     peak_lr = peak_learning_rate(training, global_batch)
@@ -262,7 +275,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         ckpt.after_step(state)
         if state.step % training.log_interval and state.step != training.steps:
             continue
-        mean_loss = all_reduce_mean({"loss": running_loss.item() / micro_losses})["loss"]
+        mean_loss = wrapper.all_reduce_metrics({"loss": running_loss.item() / micro_losses})["loss"]
         now = time.perf_counter()
         steps = state.step - last_log_step
         step_time = (now - last_log_time) / steps

@@ -1,26 +1,21 @@
-"""Pure renderers: a parsed BrainTrainingJob in, the Kubernetes objects it needs out."""
+"""Pure renderers: a parsed BrainTrainingJob in, the Kubernetes objects it needs out.
+
+    workers     the typed worker plan (also what the local runner starts)
+    common      labels, metadata, ConfigMap, checkpoint PVC, the pod spec
+    elastic     the default backend: headless Service + one pod per node
+    pytorchjob  the Kubeflow backend
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..names import JOB_NAME_LABEL, REPLICA_INDEX_LABEL
 from ..spec import Job
-from .common import (
-    CONFIG_PATH,
-    JOB_NAME_LABEL,
-    QUEUE_LABEL,
-    REPLICA_INDEX_LABEL,
-    build_checkpoint_claim,
-    build_config_map,
-    checkpoint_claim_name,
-    config_map_name,
-    selector,
-    selector_labels,
-    worker_pod_name,
-    workers_service_name,
-)
+from .common import QUEUE_LABEL, build_checkpoint_claim, build_config_map, selector, selector_labels
 from .elastic import build_service, build_worker_pod, render_elastic
 from .pytorchjob import build_pytorchjob, render_pytorchjob
+from .workers import CONFIG_PATH, checkpoint_claim_name, elastic_worker, elastic_workers
 
 _RENDERERS = {"elastic": render_elastic, "pytorchjob": render_pytorchjob}
 
@@ -44,9 +39,8 @@ __all__ = [
     "build_checkpoint_claim",
     "build_pytorchjob",
     "checkpoint_claim_name",
-    "config_map_name",
+    "elastic_worker",
+    "elastic_workers",
     "selector",
     "selector_labels",
-    "worker_pod_name",
-    "workers_service_name",
 ]

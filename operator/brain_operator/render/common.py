@@ -1,72 +1,34 @@
-"""Pieces both backends render identically: names, labels, the ConfigMap, the checkpoint PVC, the worker pod spec.
+"""Pieces both backends render identically: labels, metadata, the ConfigMap, the checkpoint PVC, the worker pod spec.
 
-Pure: a parsed Job in, plain manifest dicts out.
+Pure: a parsed Job (and its typed worker plan, render/workers.py) in, plain manifest dicts out.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
-from brain_trainer.config import METRICS_PORT
+from brain_trainer.contract import CONFIG_FILE, METRICS_PATH, METRICS_PORT
 
-from ..spec import API_VERSION, GROUP, KIND, Job, trainer_config
+from ..names import JOB_NAME_LABEL, MANAGED_BY, config_map_name, label_selector
+from ..spec import API_VERSION, KIND, Job, trainer_config
+from .workers import (
+    CLAIM,
+    CONFIG_MAP,
+    MEMORY,
+    TERMINATION_GRACE_SECONDS,
+    Container,
+    checkpoint_claim_name,
+)
 
-CONFIG_DIR = "/etc/brain"
-CONFIG_FILE = "trainer.yaml"
-CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
-# torchrun reads its settings from PET_* variables; the trainer from the ConfigMap.
-COMMAND = ["torchrun"]
-ARGS = ["-m", "brain_trainer", "--config", CONFIG_PATH]
-
-JOB_NAME_LABEL = f"{GROUP}/job-name"
-REPLICA_INDEX_LABEL = f"{GROUP}/replica-index"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-MANAGED_BY = {"app.kubernetes.io/name": "brain-train", "app.kubernetes.io/managed-by": "brain-operator"}
-
 # Non-root numeric IDs, so runAsNonRoot is verifiable without inspecting the image.
 RUN_AS_USER = 1000
-# SIGTERM makes the trainer commit a checkpoint before exiting; a 7B sharded save needs minutes.
-TERMINATION_GRACE_SECONDS = 300
-# torchrun forwards SIGTERM to its workers and SIGKILLs them after this long (its
-# default, 30 s, is too short for a save); the margin lets torchrun itself exit.
-SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - 30
-
-CONFIG_VOLUME = "config"
-SHM_VOLUME = "dshm"
-CHECKPOINT_VOLUME = "checkpoints"
-
-
-def workers_service_name(job: Job) -> str:
-    return f"{job.name}-workers"
-
-
-def worker_pod_name(job: Job, index: int) -> str:
-    return f"{job.name}-worker-{index}"
-
-
-def config_map_name(job: Job) -> str:
-    return f"{job.name}-config"
-
-
-def checkpoint_claim_name(job: Job) -> Optional[str]:
-    """The PVC mounted for checkpoints: the user's, the rendered one, or None (pod-local scratch)."""
-    ckpt = job.spec.checkpoint
-    if ckpt.claim_name is not None:
-        return ckpt.claim_name
-    if ckpt.volume_claim_template is not None:
-        return f"{job.name}-checkpoints"
-    return None
 
 
 def selector_labels(job: Job) -> dict[str, str]:
     """Labels that select every child of the job (the reconciler lists children with these)."""
     return {JOB_NAME_LABEL: job.name}
-
-
-def label_selector(labels: Mapping[str, str]) -> str:
-    """Equality-based label selector text: `k1=v1,k2=v2`."""
-    return ",".join(f"{k}={v}" for k, v in labels.items())
 
 
 def selector(job: Job) -> str:
@@ -115,11 +77,11 @@ def metadata(
 
 
 def build_config_map(job: Job) -> dict[str, Any]:
-    """`<name>-config` holding trainer.yaml, the resolved TrainerConfig."""
+    """`<name>-config` holding trainer.yaml: the spec's trainer sections plus what the operator derives."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": metadata(job, config_map_name(job)),
+        "metadata": metadata(job, config_map_name(job.name)),
         "data": {CONFIG_FILE: trainer_config(job).to_yaml()},
     }
 
@@ -143,41 +105,25 @@ def build_checkpoint_claim(job: Job) -> Optional[dict[str, Any]]:
     }
 
 
-def nccl_env(job: Job) -> list[dict[str, str]]:
-    """The NCCL block: typed fields first, then the user's extra keys (reserved keys were refused at parse time)."""
-    nccl = job.spec.nccl
-    env = []
-    if nccl.debug is not None:
-        env.append({"name": "NCCL_DEBUG", "value": nccl.debug})
-    if nccl.socket_ifname is not None:
-        env.append({"name": "NCCL_SOCKET_IFNAME", "value": nccl.socket_ifname})
-    if nccl.ib_disable is not None:
-        env.append({"name": "NCCL_IB_DISABLE", "value": "1" if nccl.ib_disable else "0"})
-    env.extend({"name": k, "value": v} for k, v in sorted(nccl.env.items()))
-    return env
-
-
 def pod_annotations() -> dict[str, str]:
-    """Prometheus scrape annotations for rank 0's endpoint (the trainer's default port; the spec keeps it)."""
-    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": "/metrics"}
+    """Prometheus scrape annotations for rank 0's endpoint."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": METRICS_PATH}
 
 
-def container(job: Job, name: str, env: list[dict[str, str]], ports: list[dict[str, Any]]) -> dict[str, Any]:
-    """The trainer container: exec-form torchrun, least privilege, config/shm/checkpoint mounts."""
+def container(job: Job, name: str, planned: Container) -> dict[str, Any]:
+    """The trainer container: the planned command, env, mounts and ports, with least privilege."""
     spec = job.spec
-    ports = [*ports, {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}]
     out: dict[str, Any] = {
         "name": name,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": list(COMMAND),
-        "args": list(ARGS),
-        "env": [*env, *nccl_env(job), {"name": "PYTHONUNBUFFERED", "value": "1"}],
-        "ports": ports,
+        "command": list(planned.command),
+        "args": list(planned.args),
+        "env": [{"name": k, "value": v} for k, v in planned.env],
+        "ports": [{"name": p.name, "containerPort": p.number, "protocol": "TCP"} for p in planned.ports],
         "volumeMounts": [
-            {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
-            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
-            {"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path},
+            {"name": v.name, "mountPath": v.mount_path, **({"readOnly": True} if v.read_only else {})}
+            for v in planned.volumes
         ],
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -193,20 +139,17 @@ def container(job: Job, name: str, env: list[dict[str, str]], ports: list[dict[s
     return out
 
 
-def volumes(job: Job) -> list[dict[str, Any]]:
-    claim = checkpoint_claim_name(job)
-    checkpoint = {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
-    return [
-        {"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(job)}},
-        # NCCL and DataLoader workers share memory through /dev/shm; the runtime's default is 64 MiB.
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
-        {"name": CHECKPOINT_VOLUME, **checkpoint},
-    ]
+def _volume_source(kind: str, source: Optional[str]) -> dict[str, Any]:
+    if kind == CONFIG_MAP:
+        return {"configMap": {"name": source}}
+    if kind == CLAIM:
+        return {"persistentVolumeClaim": {"claimName": source}}
+    if kind == MEMORY:
+        return {"emptyDir": {"medium": "Memory"}}
+    return {"emptyDir": {}}
 
 
-def pod_spec(
-    job: Job, container_name: str, env: list[dict[str, str]], restart_policy: str, ports: Optional[list[dict[str, Any]]] = None
-) -> dict[str, Any]:
+def pod_spec(job: Job, container_name: str, planned: Container, restart_policy: str) -> dict[str, Any]:
     """A worker's pod spec: restricted security, no API token, scheduling fields, a grace period to checkpoint."""
     sched = job.spec.scheduling
     spec: dict[str, Any] = {
@@ -221,8 +164,8 @@ def pod_spec(
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [container(job, container_name, env, ports or [])],
-        "volumes": volumes(job),
+        "containers": [container(job, container_name, planned)],
+        "volumes": [{"name": v.name, **_volume_source(v.kind, v.source)} for v in planned.volumes],
     }
     if sched.node_selector:
         spec["nodeSelector"] = dict(sched.node_selector)

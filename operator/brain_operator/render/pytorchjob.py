@@ -21,6 +21,7 @@ from .common import (
     pod_spec,
     workload_labels,
 )
+from .workers import trainer_container
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -35,7 +36,7 @@ def _replica(job: Job, replicas: int) -> dict[str, Any]:
     return {
         "replicas": replicas,
         "restartPolicy": RESTART_POLICY,
-        "template": {"metadata": template_meta, "spec": pod_spec(job, CONTAINER_NAME, [], RESTART_POLICY)},
+        "template": {"metadata": template_meta, "spec": pod_spec(job, CONTAINER_NAME, trainer_container(job), RESTART_POLICY)},
     }
 
 

@@ -21,25 +21,20 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from .. import exitcodes
 from ..config import CheckpointConfig
+from ..contract import PREEMPTED, PREEMPTED_MESSAGE, TERMINATION_LOG, TERMINATION_LOG_ENV
 from ..launcher import restart_count
 from . import shards, store
 from .state import TrainState, rng_key
 
 log = logging.getLogger(__name__)
 
-# Kubernetes reads a container's termination message from this file; the
-# operator may point it elsewhere (container terminationMessagePath).
-TERMINATION_LOG_ENV = "BRAIN_TERMINATION_LOG"
-TERMINATION_LOG = "/dev/termination-log"
-
 
 class Preempted(SystemExit):
-    """Raised after the preemption checkpoint is committed; exits with exitcodes.PREEMPTED."""
+    """Raised after the preemption checkpoint is committed; exits with PREEMPTED."""
 
     def __init__(self) -> None:
-        super().__init__(exitcodes.PREEMPTED)
+        super().__init__(PREEMPTED)
 
 
 class CheckpointError(RuntimeError):
@@ -90,7 +85,7 @@ def _write_termination_message() -> None:
     path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
     try:
         with open(path, "w") as f:
-            f.write(exitcodes.PREEMPTED_MESSAGE)
+            f.write(PREEMPTED_MESSAGE)
     except OSError:
         pass  # not in a container, or not writable: the exit code still says it
 
@@ -233,7 +228,7 @@ class CheckpointManager:
 
     def _preempt(self, state: TrainState) -> None:
         if self.rank == 0:
-            log.warning("SIGTERM: saving step %d before exiting with code %d", state.step, exitcodes.PREEMPTED)
+            log.warning("SIGTERM: saving step %d before exiting with code %d", state.step, PREEMPTED)
         self.wait()
         if state.step != self._saved_step:
             self._save(state, blocking=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import time
 import zlib
@@ -25,20 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..contract import CHECKPOINT_PREFIX, TMP_SUFFIX, step_dir_name, step_of
+from ..contract import MANIFEST_FILE as MANIFEST
+
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
-TMP_SUFFIX = ".tmp"
 CORRUPT_SUFFIX = ".corrupt"
 DELETING_SUFFIX = ".deleting"
 SUM_SUFFIX = ".sum"  # per-shard sidecar written by the shard's own rank, folded into the manifest
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _CHUNK = 8 << 20
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def tmp_dir(root: Path, step: int) -> Path:
@@ -163,13 +158,13 @@ def list_checkpoints(root: Path) -> list[Candidate]:
         return []
     found = []
     for path in root.iterdir():
-        match = _STEP_DIR.match(path.name)
-        if not match or not path.is_dir():
+        step = step_of(path.name)
+        if step is None or not path.is_dir():
             continue
         try:
-            found.append(Candidate(int(match.group(1)), path, read_manifest(path)))
+            found.append(Candidate(step, path, read_manifest(path)))
         except ManifestError as exc:
-            found.append(Candidate(int(match.group(1)), path, None, str(exc)))
+            found.append(Candidate(step, path, None, str(exc)))
     return sorted(found, key=lambda c: c.step, reverse=True)
 
 
@@ -192,10 +187,10 @@ def remove_stale(root: Path) -> None:
     """Delete leftovers of saves and deletions that never finished (only while no save is in flight)."""
     if not root.is_dir():
         return
-    for path in root.glob("step-*" + TMP_SUFFIX):
+    for path in root.glob(CHECKPOINT_PREFIX + "*" + TMP_SUFFIX):
         log.warning("removing uncommitted checkpoint %s (its save was interrupted)", path)
         shutil.rmtree(path, ignore_errors=True)
-    for path in root.glob("step-*" + DELETING_SUFFIX):
+    for path in root.glob(CHECKPOINT_PREFIX + "*" + DELETING_SUFFIX):
         shutil.rmtree(path, ignore_errors=True)
 
 

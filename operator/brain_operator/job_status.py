@@ -1,0 +1,93 @@
+"""A BrainTrainingJob's `status` as typed dataclasses.
+
+The CRD's status schema is generated from these classes, `status.py` builds
+them, and `to_dict` serialises them once, in camelCase. `status.progress` is
+the trainer's own progress document (brain_trainer.contract.Progress).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from brain_trainer.contract import Progress
+from brain_trainer.schema import ConfigError, from_dict, setting, to_dict, valid_fields
+
+PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
+SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
+PHASES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
+TERMINAL = (SUCCEEDED, FAILED)
+VALID = "Valid"
+# One condition per phase a user may wait on (`kubectl wait --for=condition=Succeeded`), plus Valid.
+CONDITION_TYPES = (VALID, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+CONDITION_STATUSES = ("True", "False", "Unknown")
+
+
+@dataclass
+class Condition:
+    """One condition of the job (Valid, Running, Restarting, Suspended, Succeeded, Failed)."""
+
+    type: str = setting(choices=CONDITION_TYPES)
+    status: str = setting(choices=CONDITION_STATUSES)
+    reason: Optional[str] = setting(None)
+    message: Optional[str] = setting(None)
+    last_transition_time: Optional[str] = setting(None)
+
+
+@dataclass
+class WorkerCounts:
+    """Worker pods by state."""
+
+    desired: int = setting(0, minimum=0)
+    ready: int = setting(0, minimum=0)
+    running: int = setting(0, minimum=0)
+    succeeded: int = setting(0, minimum=0)
+    failed: int = setting(0, minimum=0)
+
+
+@dataclass
+class LastCheckpoint:
+    """The newest committed checkpoint."""
+
+    step: int = setting(minimum=0)
+    path: str = setting()
+
+
+@dataclass
+class JobStatus:
+    """Observed state of a BrainTrainingJob, written by the operator."""
+
+    phase: Optional[str] = setting(None, choices=PHASES)
+    conditions: list[Condition] = field(default_factory=list)
+    workers: Optional[WorkerCounts] = None
+    nodes: Optional[str] = setting(None, help="ready/desired workers, for the Nodes column")
+    selector: Optional[str] = setting(None, help="label selector of the worker pods (scale subresource)")
+    restarts: int = setting(0, minimum=0, help="worker pods replaced after failures; never decreases")
+    strategy: Optional[str] = setting(None, help="the parallelism strategy as resolved")
+    effective_batch_size: Optional[int] = setting(None, minimum=1, help="sequences per optimizer step")
+    progress: Optional[Progress] = setting(None, help="rank 0's latest progress document, as the operator last saw it change")
+    last_checkpoint: Optional[LastCheckpoint] = None
+    start_time: Optional[str] = setting(None)
+    completion_time: Optional[str] = setting(None)
+    observed_generation: Optional[int] = setting(None)
+
+    @classmethod
+    def read(cls, status: Any) -> "JobStatus":
+        """A status as the API server holds it; a field this version cannot read is left out, not fatal."""
+        if isinstance(status, cls):
+            return status
+        try:
+            return from_dict(cls, status, camel_case=True)
+        except ConfigError:
+            return from_dict(cls, valid_fields(cls, status, camel_case=True), camel_case=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self, camel_case=True)
+
+    def condition(self, kind: str) -> Optional[Condition]:
+        """The condition of type `kind` when it is "True"."""
+        return next((c for c in self.conditions if c.type == kind and c.status == "True"), None)
+
+
+def read_status(manifest: Mapping[str, Any]) -> JobStatus:
+    return JobStatus.read(manifest.get("status") or {})

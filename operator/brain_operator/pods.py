@@ -1,0 +1,78 @@
+"""What a worker pod says about itself: its index, phase and readiness, and whether something outside the job ended it (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from brain_trainer.contract import PREEMPTED, PREEMPTED_MESSAGE
+
+from .names import REPLICA_INDEX_LABEL
+
+PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+
+# Pod status reasons the kubelet or scheduler sets when it, not the trainer, ended the pod.
+DISRUPTION_REASONS = ("Evicted", "Preempted", "Preempting")
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the status and the plan need to know about one worker pod."""
+
+    name: str
+    index: Optional[int]
+    phase: str
+    ready: bool
+    terminating: bool
+    disrupted: bool
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (SUCCEEDED, FAILED)
+
+
+def true_condition(status: Mapping[str, Any], kind: str) -> Optional[Mapping[str, Any]]:
+    """The condition of type `kind` when its status is "True", else None."""
+    return next(
+        (c for c in status.get("conditions") or [] if c.get("type") == kind and c.get("status") == "True"), None
+    )
+
+
+def terminated_states(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The `state.terminated` record of each of the pod's containers that ended."""
+    states = ((c.get("state") or {}).get("terminated") for c in (pod.get("status") or {}).get("containerStatuses") or [])
+    return [t for t in states if t]
+
+
+def pod_view(pod: Mapping[str, Any]) -> PodView:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    return PodView(
+        name=meta.get("name", ""),
+        index=_replica_index(meta),
+        phase=status.get("phase") or PENDING,
+        ready=true_condition(status, "Ready") is not None,
+        terminating=bool(meta.get("deletionTimestamp")),
+        disrupted=is_disruption(pod),
+    )
+
+
+def _replica_index(meta: Mapping[str, Any]) -> Optional[int]:
+    text = (meta.get("labels") or {}).get(REPLICA_INDEX_LABEL, "")
+    return int(text) if text.isdigit() else None
+
+
+def is_disruption(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod ended because something outside the job stopped it.
+
+    Evictions, preemptions and node drains are retried for free; so is a
+    trainer that exited with PREEMPTED after checkpointing on SIGTERM.
+    """
+    status = pod.get("status") or {}
+    if status.get("reason") in DISRUPTION_REASONS:
+        return True
+    if true_condition(status, "DisruptionTarget") is not None:
+        return True
+    return any(
+        t.get("exitCode") == PREEMPTED or PREEMPTED_MESSAGE in (t.get("message") or "") for t in terminated_states(pod)
+    )

@@ -1,0 +1,141 @@
+"""The typed worker plan: what each worker runs, with which environment, volumes and ports (pure).
+
+Both the rendered pods (render/elastic.py, render/pytorchjob.py) and the
+local runner's processes (local_plan.py) are made from it, so `braintrain run`
+executes what the cluster would (docs/architecture.md, "Worker plan").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from brain_trainer.contract import CONFIG_FILE, METRICS_PORT, METRICS_PORT_NAME, trainer_args
+
+from ..names import config_map_name, template_claim_name, worker_pod_name, workers_service_name
+from ..spec import Job, node_range
+from ..spec.environment import PYTHONUNBUFFERED, SHARE_RDZV_STORE
+
+CONFIG_DIR = "/etc/brain"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
+SHM_DIR = "/dev/shm"
+# torchrun reads its settings from PET_* variables; the trainer from the ConfigMap.
+COMMAND = ("torchrun",)
+RDZV_PORT = 29400
+RDZV_PORT_NAME = "rdzv"
+# torchrun's own variables that a local run sets differently.
+RDZV_ENDPOINT_ENV = "PET_RDZV_ENDPOINT"
+LOCAL_ADDR_ENV = "PET_LOCAL_ADDR"
+
+CONFIG_VOLUME = "config"
+SHM_VOLUME = "dshm"
+CHECKPOINT_VOLUME = "checkpoints"
+
+# SIGTERM makes the trainer commit a checkpoint before exiting; a 7B sharded save needs minutes.
+TERMINATION_GRACE_SECONDS = 300
+# torchrun forwards SIGTERM to its workers and SIGKILLs them after this long (its
+# default, 30 s, is too short for a save); the margin lets torchrun itself exit.
+SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - 30
+
+# Volume kinds.
+CONFIG_MAP, CLAIM, SCRATCH, MEMORY = "configMap", "claim", "scratch", "memory"
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A volume of the worker pod and where the trainer container mounts it."""
+
+    name: str
+    mount_path: str
+    kind: str  # CONFIG_MAP, CLAIM, SCRATCH (an emptyDir) or MEMORY (an emptyDir in RAM)
+    source: Optional[str] = None  # the ConfigMap or the claim
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str
+    number: int
+
+
+@dataclass(frozen=True)
+class Container:
+    """The trainer container: exec-form command, ordered environment, volumes, ports."""
+
+    command: tuple[str, ...]
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    volumes: tuple[Volume, ...]
+    ports: tuple[Port, ...]
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker pod of the elastic backend."""
+
+    index: int
+    name: str  # the pod's name and hostname
+    container: Container
+
+
+def checkpoint_claim_name(job: Job) -> Optional[str]:
+    """The PVC mounted for checkpoints: the user's, the rendered one, or None (pod-local scratch)."""
+    ckpt = job.spec.checkpoint
+    if ckpt.claim_name is not None:
+        return ckpt.claim_name
+    if ckpt.volume_claim_template is not None:
+        return template_claim_name(job.name)
+    return None
+
+
+def volumes(job: Job) -> tuple[Volume, ...]:
+    claim = checkpoint_claim_name(job)
+    return (
+        Volume(CONFIG_VOLUME, CONFIG_DIR, CONFIG_MAP, config_map_name(job.name), read_only=True),
+        # NCCL and DataLoader workers share memory through /dev/shm; the runtime's default is 64 MiB.
+        Volume(SHM_VOLUME, SHM_DIR, MEMORY),
+        Volume(CHECKPOINT_VOLUME, job.spec.checkpoint.mount_path, CLAIM if claim else SCRATCH, claim),
+    )
+
+
+def trainer_container(job: Job, launch_env: tuple[tuple[str, str], ...] = (), ports: tuple[Port, ...] = ()) -> Container:
+    """torchrun starting the trainer on the mounted trainer.yaml; `launch_env` first, then NCCL's."""
+    env = (*launch_env, *job.spec.nccl.variables(), (PYTHONUNBUFFERED, "1"))
+    return Container(
+        command=COMMAND,
+        args=tuple(trainer_args(CONFIG_PATH)),
+        env=env,
+        volumes=volumes(job),
+        ports=(*ports, Port(METRICS_PORT_NAME, METRICS_PORT)),
+    )
+
+
+def rendezvous_endpoint(job: Job) -> str:
+    return f"{worker_pod_name(job.name, 0)}.{workers_service_name(job.name)}:{RDZV_PORT}"
+
+
+def torchrun_env(job: Job, index: int) -> tuple[tuple[str, str], ...]:
+    """torchrun's PET_* settings; pod 0 hosts the c10d store, said explicitly rather than by hostname matching."""
+    spec = job.spec
+    low, high = node_range(spec)
+    return (
+        ("PET_NNODES", f"{low}:{high}"),
+        ("PET_NPROC_PER_NODE", str(spec.nproc_per_node)),
+        ("PET_RDZV_BACKEND", "c10d"),
+        (RDZV_ENDPOINT_ENV, rendezvous_endpoint(job)),
+        ("PET_RDZV_ID", job.uid or job.name),
+        ("PET_MAX_RESTARTS", str(spec.elastic.max_restarts)),
+        ("PET_RDZV_CONF", f"is_host={1 if index == 0 else 0}"),
+        ("PET_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_SECONDS)),
+        (SHARE_RDZV_STORE, "1"),
+    )
+
+
+def elastic_worker(job: Job, index: int) -> Worker:
+    """Worker `index`: torchrun with the job's c10d rendezvous on pod 0."""
+    container = trainer_container(job, torchrun_env(job, index), (Port(RDZV_PORT_NAME, RDZV_PORT),))
+    return Worker(index=index, name=worker_pod_name(job.name, index), container=container)
+
+
+def elastic_workers(job: Job) -> list[Worker]:
+    return [elastic_worker(job, i) for i in range(job.spec.nodes)]

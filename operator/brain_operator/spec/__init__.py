@@ -1,0 +1,63 @@
+"""The BrainTrainingJob custom resource: typed spec, parsing, defaults, API-server rules, derived values.
+
+Pure and torch-free. The resource's identity (group, version, kind) is
+brain_operator.resource, re-exported here. Each module has one job:
+
+    kube         what Kubernetes accepts (name patterns, quantities, access modes)
+    environment  the environment variables the operator owns
+    model        the typed spec: the trainer's config sections plus operator-only ones
+    defaults     cluster-wide defaults from the operator's environment
+    parse        manifest -> Job, with errors that name the field
+    cel          rules the API server enforces itself
+    derive       what follows from a job (size, backend, strategy, trainer.yaml)
+"""
+
+from brain_trainer.schema import ConfigError
+
+from .cel import API_SERVER_RULES
+from .defaults import OperatorDefaults
+from .derive import (
+    effective_batch_size,
+    is_elastic,
+    node_range,
+    resolved_backend,
+    resolved_strategy,
+    spec_to_dict,
+    trainer_config,
+    uses_gpus,
+    world_size,
+)
+from .environment import RESERVED_ENV_KEYS, RESERVED_ENV_PREFIXES, reserved_env_key
+from .model import JOB_BACKENDS, CheckpointSpec, Job, JobSpec
+from .parse import parse_job
+from ..resource import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
+
+__all__ = [
+    "API_SERVER_RULES",
+    "API_VERSION",
+    "GROUP",
+    "JOB_BACKENDS",
+    "KIND",
+    "PLURAL",
+    "RESERVED_ENV_KEYS",
+    "RESERVED_ENV_PREFIXES",
+    "SHORT_NAME",
+    "SINGULAR",
+    "VERSION",
+    "CheckpointSpec",
+    "ConfigError",
+    "Job",
+    "JobSpec",
+    "OperatorDefaults",
+    "effective_batch_size",
+    "is_elastic",
+    "node_range",
+    "parse_job",
+    "reserved_env_key",
+    "resolved_backend",
+    "resolved_strategy",
+    "spec_to_dict",
+    "trainer_config",
+    "uses_gpus",
+    "world_size",
+]

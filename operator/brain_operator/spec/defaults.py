@@ -1,0 +1,48 @@
+"""Cluster-wide defaults the operator applies to jobs that omit them (the Helm chart sets them)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from brain_trainer.schema import ConfigError, FieldError
+
+from .environment import check_env
+from .kube import PULL_POLICIES
+
+
+@dataclass(frozen=True)
+class OperatorDefaults:
+    """The trainer image, its pull policy and extra NCCL variables for jobs that name none."""
+
+    image: Optional[str] = None
+    image_pull_policy: Optional[str] = None
+    nccl_env: Mapping[str, str] = field(default_factory=dict)
+
+    ENV_IMAGE = "BRAIN_TRAINER_IMAGE"
+    ENV_PULL_POLICY = "BRAIN_TRAINER_IMAGE_PULL_POLICY"
+    ENV_NCCL = "BRAIN_NCCL_ENV"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "OperatorDefaults":
+        """Read BRAIN_TRAINER_IMAGE, BRAIN_TRAINER_IMAGE_PULL_POLICY and BRAIN_NCCL_ENV (a JSON object)."""
+        errors: list[FieldError] = []
+        policy = environ.get(cls.ENV_PULL_POLICY) or None
+        if policy is not None and policy not in PULL_POLICIES:
+            errors.append(FieldError(cls.ENV_PULL_POLICY, f"must be one of {', '.join(PULL_POLICIES)}; got {policy!r}"))
+        nccl_env: Any = {}
+        raw = environ.get(cls.ENV_NCCL, "").strip()
+        if raw:
+            try:
+                nccl_env = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                errors.append(FieldError(cls.ENV_NCCL, f"must be a JSON object: {exc.msg}"))
+            if not isinstance(nccl_env, dict) or not all(isinstance(v, str) for v in nccl_env.values()):
+                errors.append(FieldError(cls.ENV_NCCL, f"must map names to string values, got {raw!r}"))
+                nccl_env = {}
+            errors.extend(FieldError(cls.ENV_NCCL, message) for _, message in check_env(nccl_env, cls.ENV_NCCL))
+        if errors:
+            raise ConfigError(errors)
+        return cls(image=environ.get(cls.ENV_IMAGE) or None, image_pull_policy=policy, nccl_env=nccl_env)

@@ -1,0 +1,230 @@
+"""The BrainTrainingJob spec as typed dataclasses: the trainer's own config sections plus operator-only ones.
+
+`spec.model`, `spec.training`, `spec.distributed` and `spec.data` ARE the
+trainer's config classes (brain_trainer.config), and `spec.checkpoint` extends
+the trainer's CheckpointConfig with where the checkpoints live: each trainer
+setting is declared once, with the same section and name in trainer.yaml
+(docs/architecture.md, "One declaration per setting"). Everything else here
+is the operator's: image, nodes, resources, storage, NCCL, scheduling, run policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from brain_trainer.config import (
+    CheckpointConfig,
+    DataConfig,
+    DistributedConfig,
+    ModelConfig,
+    TrainingConfig,
+    cross_section_rules,
+)
+from brain_trainer.schema import Names, setting
+
+from .environment import NCCL_DEBUG, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, check_env
+from .kube import (
+    ACCESS_MODES,
+    DNS_LABEL_MAX,
+    GPU_RESOURCE,
+    LABEL_VALUE_PATTERN,
+    PULL_POLICIES,
+    QUANTITY_PATTERN,
+    RESOURCE_NAME_PATTERN,
+    SHARED_WRITE_MODES,
+    SUBDOMAIN_PATTERN,
+)
+
+JOB_BACKENDS = ("elastic", "pytorchjob")
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+# Paths the worker pod itself mounts: the trainer config and shared memory.
+POD_MOUNTS = ("/etc/brain", "/dev/shm")
+
+
+@dataclass
+class ElasticSpec:
+    """torchrun's elastic range (--nnodes=MIN:MAX) and restart budget."""
+
+    min_nodes: Optional[int] = setting(None, minimum=1, help="fewest nodes the job keeps training with; default: nodes")
+    max_nodes: Optional[int] = setting(None, minimum=1, help="most nodes the job may scale to; default: nodes")
+    max_restarts: int = setting(3, minimum=0, help="torchrun --max-restarts: worker-group restarts inside the pods")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if self.min_nodes is not None and self.max_nodes is not None and self.min_nodes > self.max_nodes:
+            yield "min_nodes", f"must be <= {name('max_nodes')} ({self.max_nodes}), got {self.min_nodes}"
+
+
+@dataclass
+class ResourcesSpec:
+    """Per-pod requests and limits (Kubernetes quantities)."""
+
+    requests: dict[str, int | str] = setting(default_factory=dict, help="e.g. cpu: 2, memory: 8Gi")
+    limits: dict[str, int | str] = setting(default_factory=dict, help=f"e.g. {GPU_RESOURCE}: 8 (GPUs mean NCCL when backend is auto)")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        for field_name in ("requests", "limits"):
+            for resource, quantity in getattr(self, field_name).items():
+                if not re.fullmatch(RESOURCE_NAME_PATTERN, resource):
+                    yield f"{field_name}.{resource}", "is not a valid resource name"
+                elif isinstance(quantity, int) and quantity < 0:
+                    yield f"{field_name}.{resource}", f"must not be negative, got {quantity}"
+                elif isinstance(quantity, str) and not re.fullmatch(QUANTITY_PATTERN, quantity):
+                    yield f"{field_name}.{resource}", f"must be a quantity such as 2, 500m or 8Gi, got {quantity!r}"
+
+    def gpus(self) -> int:
+        value = self.limits.get(GPU_RESOURCE, self.requests.get(GPU_RESOURCE, 0))
+        return int(value) if re.fullmatch("[0-9]+", str(value)) else 0
+
+
+@dataclass
+class VolumeClaimTemplate:
+    """The checkpoint PVC the operator creates (`<name>-checkpoints`)."""
+
+    access_modes: list[str] = setting(
+        default_factory=lambda: ["ReadWriteMany"], help="multi-node jobs need ReadWriteMany: every rank writes its shard"
+    )
+    storage: str = setting("10Gi", pattern=QUANTITY_PATTERN, help="requested size")
+    storage_class_name: Optional[str] = setting(None, pattern=SUBDOMAIN_PATTERN, help="default: the cluster's default class")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if not self.access_modes:
+            yield "access_modes", "must name at least one access mode"
+        for mode in self.access_modes:
+            if mode not in ACCESS_MODES:
+                yield "access_modes", f"must be one of {', '.join(ACCESS_MODES)}; got {mode!r}"
+
+
+@dataclass
+class CheckpointSpec(CheckpointConfig):
+    """The trainer's checkpoint settings, and where the checkpoints live; without a claim they are pod-local scratch."""
+
+    claim_name: Optional[str] = setting(None, pattern=SUBDOMAIN_PATTERN, help="an existing PVC to mount")
+    volume_claim_template: Optional[VolumeClaimTemplate] = setting(None, help="a PVC the operator creates for the job")
+    mount_path: str = setting("/checkpoints", pattern=r"/.*", help="absolute path inside the pods")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if self.claim_name is not None and self.volume_claim_template is not None:
+            yield "volume_claim_template", f"set either {name('claim_name')} or {name('volume_claim_template')}, not both"
+        if self.mount_path.rstrip("/") in ("", *POD_MOUNTS):
+            yield "mount_path", f"must not be {self.mount_path!r} (used by the pod itself)"
+
+    def trainer_config(self, folder: str) -> CheckpointConfig:
+        """The trainer's part, with the checkpoint folder the operator derived."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(CheckpointConfig)}
+        return CheckpointConfig(**{**own, "dir": folder})
+
+
+@dataclass
+class NcclSpec:
+    """NCCL settings, rendered as environment variables."""
+
+    debug: Optional[str] = setting(None, choices=NCCL_DEBUG_LEVELS, help=NCCL_DEBUG)
+    socket_ifname: Optional[str] = setting(None, help=f"{NCCL_SOCKET_IFNAME}, e.g. eth0 or ^lo,docker")
+    ib_disable: Optional[bool] = setting(None, help=NCCL_IB_DISABLE)
+    env: dict[str, str] = setting(default_factory=dict, help="extra variables; reserved torchrun keys are refused")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        yield from check_env(self.env, "env")
+
+    def variables(self) -> list[tuple[str, str]]:
+        """(name, value) of each variable: the typed fields first, then the extra keys in order."""
+        typed = [
+            (NCCL_DEBUG, self.debug),
+            (NCCL_SOCKET_IFNAME, self.socket_ifname),
+            (NCCL_IB_DISABLE, None if self.ib_disable is None else "1" if self.ib_disable else "0"),
+        ]
+        return [(k, v) for k, v in typed if v is not None] + sorted(self.env.items())
+
+
+@dataclass
+class SchedulingSpec:
+    """Where the pods may run."""
+
+    node_selector: dict[str, str] = setting(default_factory=dict)
+    tolerations: list[dict[str, Any]] = setting(default_factory=list)
+    affinity: Optional[dict[str, Any]] = setting(None)
+    priority_class_name: Optional[str] = setting(None, pattern=SUBDOMAIN_PATTERN)
+    scheduler_name: Optional[str] = setting(None)
+    queue_name: Optional[str] = setting(None, pattern=LABEL_VALUE_PATTERN, help="Kueue LocalQueue (kueue.x-k8s.io/queue-name)")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if self.queue_name is not None and len(self.queue_name) > DNS_LABEL_MAX:
+            yield "queue_name", f"must be at most {DNS_LABEL_MAX} characters, got {len(self.queue_name)}"
+
+
+@dataclass
+class RunPolicySpec:
+    """Restart budget, deadline, clean-up and suspension of the whole job."""
+
+    backoff_limit: int = setting(3, minimum=0, help="failed pods recreated before the job fails (evictions do not count)")
+    active_deadline_seconds: Optional[int] = setting(None, minimum=1, help="fail the job after this long")
+    ttl_seconds_after_finished: Optional[int] = setting(
+        None, minimum=0, help="delete the workers this long after the job finished; the job and its status stay"
+    )
+    suspend: bool = setting(False, help="delete the pods and keep the job")
+
+
+@dataclass
+class JobSpec:
+    """Desired state of a BrainTrainingJob."""
+
+    image: Optional[str] = setting(None, help="trainer image (required unless the operator has a default)")
+    image_pull_policy: str = setting("IfNotPresent", choices=PULL_POLICIES)
+    backend: str = setting("elastic", choices=JOB_BACKENDS, help="elastic: operator-managed pods; pytorchjob: Kubeflow")
+    nodes: int = setting(1, minimum=1, help="worker pods")
+    nproc_per_node: int = setting(1, minimum=1, help="training processes per pod (GPUs per pod)")
+    elastic: ElasticSpec = field(default_factory=ElasticSpec)
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    nccl: NcclSpec = field(default_factory=NcclSpec)
+    scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
+    run_policy: RunPolicySpec = field(default_factory=RunPolicySpec)
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        yield from cross_section_rules(self.model, self.training, self.distributed, name)
+        low, high = self.node_range()
+        if self.nodes < low:
+            yield "nodes", f"must be >= {name('elastic.min_nodes')} ({low}), got {self.nodes}"
+        elif self.nodes > high:
+            yield "nodes", f"must be <= {name('elastic.max_nodes')} ({high}), got {self.nodes}"
+        template = self.checkpoint.volume_claim_template
+        if template is not None and high > 1 and not set(template.access_modes) & set(SHARED_WRITE_MODES):
+            yield (
+                "checkpoint.volume_claim_template.access_modes",
+                f"a job of up to {high} nodes needs ReadWriteMany (every rank writes its shard), got {', '.join(template.access_modes)}",
+            )
+        gbs = self.training.global_batch_size
+        if gbs is not None:
+            # Stops at the first bad size: few consecutive sizes can all divide one batch.
+            for n in range(low, high + 1):
+                per_step = self.training.micro_batch_size * self.nproc_per_node * n
+                if gbs % per_step:
+                    yield (
+                        "training.global_batch_size",
+                        f"must be a multiple of {name('training.micro_batch_size')} x {name('nproc_per_node')} x "
+                        f"{name('nodes')} ({per_step} at {n} nodes), got {gbs}",
+                    )
+                    break
+
+    def node_range(self) -> tuple[int, int]:
+        """(min, max) nodes for torchrun's --nnodes; an unset bound is `nodes` (a job without a range is fixed)."""
+        low, high = self.elastic.min_nodes, self.elastic.max_nodes
+        return (self.nodes if low is None else low), (self.nodes if high is None else high)
+
+
+@dataclass
+class Job:
+    """A parsed BrainTrainingJob: identity from metadata plus the typed spec."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: JobSpec

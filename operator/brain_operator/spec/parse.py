@@ -1,0 +1,88 @@
+"""A BrainTrainingJob manifest -> Job, or ConfigError naming every bad field (pure)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Optional
+
+from brain_trainer.schema import ConfigError, FieldError, from_dict
+
+from ..names import worker_pod_name
+from .defaults import OperatorDefaults
+from .kube import DNS_LABEL_MAX, NAME_PATTERN, NAMESPACE_PATTERN
+from .model import Job, JobSpec
+from ..resource import API_VERSION, KIND
+
+_TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
+
+
+def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[OperatorDefaults] = None) -> Job:
+    """Validate a BrainTrainingJob manifest into a Job, or raise ConfigError naming every bad field.
+
+    `require_image=False` serves the local runner, which runs the trainer from
+    this checkout. `defaults` fill the image, pull policy and NCCL env a job omits.
+    """
+    if not isinstance(manifest, Mapping):
+        raise ConfigError([FieldError("", f"a BrainTrainingJob must be a mapping, got {type(manifest).__name__}")])
+    errors: list[FieldError] = []
+    for key in manifest:
+        if key not in _TOP_LEVEL:
+            errors.append(FieldError(str(key), f"unknown field (known fields: {', '.join(_TOP_LEVEL)})"))
+    if manifest.get("apiVersion") != API_VERSION:
+        errors.append(FieldError("apiVersion", f"must be {API_VERSION}, got {manifest.get('apiVersion')!r}"))
+    if manifest.get("kind") != KIND:
+        errors.append(FieldError("kind", f"must be {KIND}, got {manifest.get('kind')!r}"))
+    name, namespace, uid, generation = _metadata(manifest.get("metadata"), errors)
+    spec = _spec(manifest.get("spec"), defaults, errors)
+    if spec is not None:
+        if require_image and not spec.image:
+            errors.append(FieldError("spec.image", "required: the trainer image the workers run"))
+        if name is not None:
+            longest = worker_pod_name(name, spec.node_range()[1] - 1)
+            if len(longest) > DNS_LABEL_MAX:
+                errors.append(
+                    FieldError(
+                        "metadata.name",
+                        f"too long: pod hostname {longest!r} would exceed {DNS_LABEL_MAX} characters ({len(longest)})",
+                    )
+                )
+    if errors:
+        raise ConfigError(errors)
+    return Job(name=name, namespace=namespace, uid=uid, generation=generation, spec=spec)
+
+
+def _metadata(metadata: Any, errors: list[FieldError]) -> tuple[Any, str, str, int]:
+    """Name, namespace, uid and generation; other metadata (labels, managedFields...) is the API server's."""
+    if not isinstance(metadata, Mapping):
+        errors.append(FieldError("metadata", f"must be a mapping with a name, got {metadata!r}"))
+        return None, "default", "", 0
+    name = metadata.get("name")
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        errors.append(
+            FieldError("metadata.name", f"must be a lowercase DNS label (letters, digits, '-', starting with a letter), got {name!r}")
+        )
+        name = None
+    namespace = metadata.get("namespace", "default")
+    if not isinstance(namespace, str) or len(namespace) > DNS_LABEL_MAX or not re.fullmatch(NAMESPACE_PATTERN, namespace):
+        errors.append(FieldError("metadata.namespace", f"must be a DNS label, got {namespace!r}"))
+    uid = metadata.get("uid", "")
+    if not isinstance(uid, str):
+        errors.append(FieldError("metadata.uid", f"must be a string, got {uid!r}"))
+    generation = metadata.get("generation", 0)
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        errors.append(FieldError("metadata.generation", f"must be an integer, got {generation!r}"))
+    return name, namespace, uid, generation
+
+
+def _spec(data: Any, defaults: Optional[OperatorDefaults], errors: list[FieldError]) -> Optional[JobSpec]:
+    try:
+        spec = from_dict(JobSpec, data, path="spec", camel_case=True)
+    except ConfigError as exc:
+        errors.extend(exc.errors)
+        return None
+    if defaults is not None:
+        spec.image = spec.image or defaults.image
+        if "imagePullPolicy" not in (data or {}) and defaults.image_pull_policy:
+            spec.image_pull_policy = defaults.image_pull_policy
+        spec.nccl.env = {**defaults.nccl_env, **spec.nccl.env}
+    return spec

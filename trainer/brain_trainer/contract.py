@@ -1,0 +1,136 @@
+"""The contract between the operator and the trainer: every name, path, code and document both halves use.
+
+Torch-free; the operator and the trainer both import it, so no literal of the
+contract is written twice (docs/architecture.md, "The contract").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from .schema import ConfigError, from_dict, setting, to_dict, valid_fields
+
+# -- how a worker starts the trainer --
+
+TRAINER_MODULE = "brain_trainer"
+CONFIG_FLAG = "--config"
+CONFIG_FILE = "trainer.yaml"
+
+
+def trainer_args(config_path: str) -> list[str]:
+    """What follows `torchrun` (or `python`) to train with the config at `config_path`."""
+    return ["-m", TRAINER_MODULE, CONFIG_FLAG, config_path]
+
+
+# -- the launch environment --
+
+# torchrun's own settings and the rank variables it gives each worker: what decides how a job launches.
+LAUNCH_ENV_PREFIXES = ("PET_", "TORCHELASTIC_")
+TORCH_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+LAUNCH_ENV_KEYS = (*TORCH_RANK_VARIABLES, "GROUP_RANK")
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+# Where rank 0 also writes its progress document (the local runner sets it).
+PROGRESS_FILE_ENV = "BRAIN_PROGRESS_FILE"
+# Kubernetes reads a container's termination message from this file.
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LOG_ENV = "BRAIN_TERMINATION_LOG"
+
+# -- rank 0's HTTP endpoint --
+
+METRICS_PORT = 9400
+METRICS_PORT_NAME = "metrics"
+METRICS_PATH = "/metrics"
+PROGRESS_PATH = "/progress"
+
+# -- exit codes and termination messages --
+
+# The trainer was asked to stop (SIGTERM: preemption, eviction, scale-down),
+# committed a checkpoint and exited. Retry it; it is not a failure.
+# 75 is EX_TEMPFAIL in sysexits.h: "try again later".
+PREEMPTED = 75
+# A configuration the trainer refuses (the usual usage-error code).
+CONFIG_ERROR = 2
+# Written to the termination log alongside PREEMPTED, so the operator can tell a
+# preemption even when torchrun reports its own exit code.
+PREEMPTED_MESSAGE = "brain.ai/preempted"
+
+# -- checkpoint folders --
+
+CHECKPOINT_PREFIX = "step-"
+STEP_DIGITS = 8
+TMP_SUFFIX = ".tmp"
+MANIFEST_FILE = "manifest.json"
+_STEP_DIR = re.compile(rf"^{CHECKPOINT_PREFIX}(\d{{{STEP_DIGITS},}})$")
+
+
+def step_dir_name(step: int) -> str:
+    """`step-00000040`: the committed checkpoint of `step`."""
+    return f"{CHECKPOINT_PREFIX}{step:0{STEP_DIGITS}d}"
+
+
+def step_of(name: str) -> Optional[int]:
+    """The step a committed checkpoint folder's name holds; None for any other name."""
+    match = _STEP_DIR.match(name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_path(root: str, step: int) -> str:
+    """Where the checkpoint of `step` is committed below the checkpoint folder `root`."""
+    return f"{root.rstrip('/')}/{step_dir_name(step)}"
+
+
+# -- times, as Kubernetes writes them --
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def format_time(moment: Optional[datetime] = None) -> str:
+    """RFC 3339 in UTC, second precision (now when no moment is given)."""
+    return (moment or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime(TIME_FORMAT)
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.strptime(text, TIME_FORMAT).replace(tzinfo=timezone.utc)
+
+
+# -- the progress document --
+
+
+@dataclass
+class Progress:
+    """Rank 0's latest progress report: written at each logging step, served at /progress."""
+
+    step: int = setting(minimum=0, help="Optimizer steps completed")
+    total_steps: Optional[int] = setting(None, minimum=0, help="Optimizer steps the job will run")
+    loss: Optional[float] = setting(None, help="Training loss of the last logged step, averaged over ranks")
+    tokens_per_second: Optional[float] = setting(None, minimum=0, help="Training throughput over all ranks")
+    eta_seconds: Optional[float] = setting(None, minimum=0, help="Estimated seconds until the last step")
+    last_checkpoint_step: Optional[int] = setting(None, minimum=0, help="Step of the newest committed checkpoint (status shows it as lastCheckpoint)")
+    updated_at: Optional[str] = setting(None, help="When it was written (RFC 3339, UTC)")
+
+    def to_json(self) -> str:
+        return json.dumps(to_dict(self), sort_keys=True) + "\n"
+
+    @classmethod
+    def read(cls, doc: Any) -> Optional["Progress"]:
+        """The well-formed fields of a parsed document; None without a valid step (no document, garbage)."""
+        try:
+            return from_dict(cls, valid_fields(cls, doc))
+        except ConfigError:
+            return None
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Optional["Progress"]:
+        """`read` of JSON text; None for text that is not JSON (a torn write, a foreign writer)."""
+        try:
+            return cls.read(json.loads(text))
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            return None
+
+
+def eta_seconds(step: int, total_steps: int, seconds_per_step: float) -> float:
+    return max(0, total_steps - step) * seconds_per_step
