@@ -139,7 +139,7 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
     out = _counted(before, seen.generation, workers, seen.selector, max(seen.restarts, before.restarts),
                    seen.strategy, seen.effective_batch_size)
     if not is_terminal(before):
-        out = _moved(out, before, phase, reason, message, now, valid=_VALID)
+        out = _moved(out, before, phase, _conditions(before, phase, reason, message, now, valid=_VALID), now)
     return out.to_dict()
 
 
@@ -191,7 +191,8 @@ def pytorchjob_status(
     out = _counted(before, generation, _kubeflow_workers(kf_status, desired), selector, restarts, strategy,
                    effective_batch_size)
     if not is_terminal(before):
-        out = _moved(out, before, phase, reason, message, now, valid=_VALID, since=since, reported=kf_status)
+        conditions = _conditions(before, phase, reason, message, now, valid=_VALID, since=since)
+        out = _moved(out, before, phase, conditions, now, reported=kf_status)
     return out.to_dict()
 
 
@@ -227,18 +228,10 @@ def _counted(
 
 
 def _moved(
-    out: JobStatus,
-    before: JobStatus,
-    phase: str,
-    reason: str,
-    message: str,
-    now: datetime,
-    *,
-    valid: tuple[bool, str, str],
-    since: Optional[str] = None,
+    out: JobStatus, before: JobStatus, phase: str, conditions: list[Condition], now: datetime,
     reported: Mapping[str, Any] | None = None,
 ) -> JobStatus:
-    """`out` in `phase`, with its conditions and start/completion times."""
+    """`out` in `phase`, with its conditions and start/completion times (`reported` by Kubeflow, if any)."""
     reported = reported or {}
     start_time = out.start_time
     if phase == SUSPENDED:
@@ -249,7 +242,6 @@ def _moved(
     completion_time = out.completion_time
     if phase in TERMINAL and not completion_time:
         completion_time = reported.get("completionTime") or format_time(now)
-    conditions = _conditions(before, phase, reason, message, now, valid=valid, since=since)
     return replace(out, phase=phase, conditions=conditions, start_time=start_time, completion_time=completion_time)
 
 

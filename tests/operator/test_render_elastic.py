@@ -1,4 +1,4 @@
-"""The elastic backend's contract (DESIGN.md §4), field by field, on a rendered 3-node job."""
+"""The elastic backend's contract (docs/architecture.md), field by field, on a rendered 3-node job."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ _LAZY = {
     "BrainAI": "model",
     "build_model": "model",
     "DDPWrapper": "ddp",
+    "SingleDeviceWrapper": "ddp",
     "FSDPWrapper": "fsdp",
     "GradientAccumulator": "accumulation",
     "DistributedLauncher": "launcher",

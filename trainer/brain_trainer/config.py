@@ -182,37 +182,36 @@ class MetricsConfig:
     port: int = setting(METRICS_PORT, minimum=0, maximum=65535, derived=True, help="rank 0 serves /metrics and /progress here; 0 disables")
 
 
-def cross_section_rules(
-    model: ModelConfig, training: TrainingConfig, distributed: DistributedConfig, name: Names
-) -> Iterator[tuple[str, str]]:
-    """Rules across the trainer's sections, for trainer.yaml and the BrainTrainingJob alike (same paths)."""
-    if model.entrypoint is None:
-        longest = MODEL_PRESETS[model.preset].max_seq_len
-        if training.seq_len > longest:
-            yield (
-                "training.seq_len",
-                f"must be <= {longest} (the {model.preset} preset's max_seq_len), got {training.seq_len}",
-            )
-    if training.global_batch_size is not None and distributed.gradient_accumulation_steps != 1:
-        yield (
-            "distributed.gradient_accumulation_steps",
-            f"set either {name('training.global_batch_size')} or {name('distributed.gradient_accumulation_steps')}, not both",
-        )
-
-
 @dataclass
-class TrainerConfig:
-    """Everything `python -m brain_trainer --config FILE` needs."""
+class TrainerSections:
+    """The sections trainer.yaml and a BrainTrainingJob's spec share, under the same names, with the rules across them."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
-        yield from cross_section_rules(self.model, self.training, self.distributed, name)
+        if self.model.entrypoint is None:
+            longest = MODEL_PRESETS[self.model.preset].max_seq_len
+            if self.training.seq_len > longest:
+                yield (
+                    "training.seq_len",
+                    f"must be <= {longest} (the {self.model.preset} preset's max_seq_len), got {self.training.seq_len}",
+                )
+        if self.training.global_batch_size is not None and self.distributed.gradient_accumulation_steps != 1:
+            yield (
+                "distributed.gradient_accumulation_steps",
+                f"set either {name('training.global_batch_size')} or {name('distributed.gradient_accumulation_steps')}, not both",
+            )
+
+
+@dataclass
+class TrainerConfig(TrainerSections):
+    """Everything `python -m brain_trainer --config FILE` needs."""
+
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def resolved(self) -> "TrainerConfig":
         """The config with the model preset's recommendations in the unset distributed fields; idempotent."""

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
-from .contract import METRICS_PATH, PROGRESS_PATH, Progress
+from .contract import METRICS_PATH, PROGRESS_PATH, RESTART_COUNT_ENV, Progress
 from .launcher import restart_count
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class MetricsServer:
             key: Gauge(name, doc, registry=self.registry) for key, (name, doc) in {**_FROM_PROGRESS, **_EXTRAS}.items()
         }
         restarts = Gauge(
-            "brain_trainer_restarts", "Worker-group restarts seen by torchrun (TORCHELASTIC_RESTART_COUNT)",
+            METRIC_PREFIX + "restarts", f"Worker-group restarts seen by torchrun ({RESTART_COUNT_ENV})",
             registry=self.registry,
         )
         restarts.set(restart_count())

@@ -1,7 +1,8 @@
 """The BrainTrainingJob spec as typed dataclasses: the trainer's own config sections plus operator-only ones.
 
 `spec.model`, `spec.training`, `spec.distributed` and `spec.data` ARE the
-trainer's config classes (brain_trainer.config), and `spec.checkpoint` extends
+trainer's config classes (brain_trainer.config.TrainerSections, which JobSpec
+extends), and `spec.checkpoint` extends
 the trainer's CheckpointConfig with where the checkpoints live: each trainer
 setting is declared once, with the same section and name in trainer.yaml
 (docs/architecture.md, "One declaration per setting"). Everything else here
@@ -15,14 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from brain_trainer.config import (
-    CheckpointConfig,
-    DataConfig,
-    DistributedConfig,
-    ModelConfig,
-    TrainingConfig,
-    cross_section_rules,
-)
+from brain_trainer.config import CheckpointConfig, TrainerSections
 from brain_trainer.schema import Names, setting
 
 from .environment import NCCL_DEBUG, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, check_env
@@ -168,8 +162,8 @@ class RunPolicySpec:
 
 
 @dataclass
-class JobSpec:
-    """Desired state of a BrainTrainingJob."""
+class JobSpec(TrainerSections):
+    """Desired state of a BrainTrainingJob: the trainer's sections, then the operator's."""
 
     image: Optional[str] = setting(None, help="trainer image (required unless the operator has a default)")
     image_pull_policy: str = setting("IfNotPresent", choices=PULL_POLICIES)
@@ -178,17 +172,13 @@ class JobSpec:
     nproc_per_node: int = setting(1, minimum=1, help="training processes per pod (GPUs per pod)")
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    training: TrainingConfig = field(default_factory=TrainingConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     nccl: NcclSpec = field(default_factory=NcclSpec)
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
     run_policy: RunPolicySpec = field(default_factory=RunPolicySpec)
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
-        yield from cross_section_rules(self.model, self.training, self.distributed, name)
+        yield from super().check(name)
         low, high = self.node_range()
         if self.nodes < low:
             yield "nodes", f"must be >= {name('elastic.min_nodes')} ({low}), got {self.nodes}"

@@ -1,4 +1,4 @@
-"""Sharded, atomically committed, asynchronous, resumable checkpoints (DESIGN.md §5, docs/checkpoints.md).
+"""Sharded, atomically committed, asynchronous, resumable checkpoints (docs/checkpoints.md).
 
     state = TrainState(model, optimizer, scheduler, scaler)
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world, config_hash=cfg.config_hash())

@@ -18,13 +18,12 @@ import json
 import logging
 import os
 import shutil
-import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..contract import CHECKPOINT_PREFIX, TMP_SUFFIX, step_dir_name, step_of
+from ..contract import CHECKPOINT_PREFIX, TMP_SUFFIX, format_time, step_dir_name, step_of
 from ..contract import MANIFEST_FILE as MANIFEST
 
 log = logging.getLogger(__name__)
@@ -93,7 +92,7 @@ def commit(folder: Path, final: Path, fields: dict[str, Any]) -> dict[str, Any]:
         files[path.name] = json.loads(sidecar.read_text()) if sidecar.exists() else file_digest(path)
     for sidecar in folder.glob("*" + SUM_SUFFIX):
         sidecar.unlink()
-    manifest = {"format": MANIFEST_FORMAT, **fields, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "files": files}
+    manifest = {"format": MANIFEST_FORMAT, **fields, "time": format_time(), "files": files}
     write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
     if final.exists():  # only an unloadable one (no valid manifest): a valid one would have been resumed
         shutil.rmtree(final)
