@@ -11,7 +11,7 @@ ARG BASE_IMAGE=${PYTHON_IMAGE}
 # ---- wheel: the project as one pure-Python wheel; sources never reach a runtime image.
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY trainer/ trainer/
 COPY operator/ operator/
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .

@@ -166,7 +166,7 @@ def test_dockerignore_sends_only_what_the_build_copies():
         line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")
     ]
     copied = [source.rstrip("/") for copy in STAGES["wheel"].all("COPY") for source in copy.split()[:-1]]
-    assert copied == ["pyproject.toml", "README.md", "trainer", "operator"]
+    assert copied == ["pyproject.toml", "README.md", "LICENSE", "trainer", "operator"]
     for kept in (*copied, "trainer/brain_trainer/config.py", "operator/brain_operator/cli.py"):
         assert (REPO / kept).exists() and not dockerignored(kept, patterns), kept
     for dropped in (".venv/bin/python", ".git/HEAD", "runs/job/ckpt", "tests/conftest.py", "charts/brain-operator/Chart.yaml",

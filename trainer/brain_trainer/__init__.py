@@ -10,8 +10,7 @@ from .lazy import lazy_exports
 from .memory import choose_strategy, plan_memory, resolve_distributed
 from .presets import MODEL_PRESETS, BrainAIConfig, param_count
 from .schema import ConfigError
-
-__version__ = "0.1.0"
+from .version import __version__
 
 # name -> submodule that defines it (imported on first access; these need torch)
 _LAZY = {
@@ -28,6 +27,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "__version__",
     "BrainAIConfig",
     "ConfigError",
     "DistributedConfig",
