@@ -1,0 +1,157 @@
+"""brain_trainer.yaml12: the YAML 1.2 core schema, held against what the API server would store.
+
+What the API server stores is what kubectl sends: kubectl (and the API server
+itself, for YAML apply patches) turns YAML into JSON with sigs.k8s.io/yaml's
+YAMLToJSON, i.e. go-yaml v2's resolver:
+  - k8s.io/apimachinery pkg/util/yaml/decoder.go: YAMLToJSONDecoder.Decode calls yaml.Unmarshal of
+    sigs.k8s.io/yaml (formerly github.com/ghodss/yaml);
+  - kubernetes-sigs/yaml yaml.go: "As per the YAML 1.1 specification, which yaml.v2 used underneath
+    implements, literal 'yes' and 'no' strings without quotation marks will be converted to true/false";
+  - kubernetes-sigs/yaml goyaml.v2/resolve.go: resolveMapList makes y/Y/yes/on (and n/no/off) booleans;
+    a leading digit or sign goes through strconv.ParseInt(plain, 0, 64) after removing "_" (so 0o17, 0x1f,
+    0b101, 017 as octal, 1_000), then the float pattern [-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?.
+The same library parses Helm's values files (helm pkg/chart/common/values.go: ReadValues calls
+sigs.k8s.io/yaml's Unmarshal), so helm-python-sdk's values_from_yaml runs the real Go code here and
+the KUBECTL column is checked against it rather than trusted.
+
+brain-train reads the YAML 1.2 core schema, as its issue asks: it agrees with kubectl on every number
+people write (3e-4, 1E6, .5, 0o17, 0x1f) and on dates, sexagesimals and `=` (PyYAML's YAML 1.1 got
+all of those wrong). It disagrees, by choice and listed in DIFFERENT below, where go-yaml v2 keeps
+YAML 1.1: yes/no/on/off/y/n stay strings, 017 is decimal, 0b101 and 1_000 are strings. JSON has one
+number type, so 1E6 and 1000000 compare equal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import helm_python as helm
+import pytest
+import yaml
+from brain_trainer import yaml12
+from brain_trainer.config import DataConfig, TrainerConfig, TrainingConfig, read_yaml
+from brain_trainer.schema import ConfigError
+
+# (plain scalar, what brain-train reads, what kubectl sends the API server)
+TABLE = [
+    ("3e-4", 0.0003, 0.0003),
+    ("1E6", 1e6, 1e6),
+    (".5", 0.5, 0.5),
+    ("-.5", -0.5, -0.5),
+    ("1.5e+3", 1500.0, 1500),
+    ("12.0", 12.0, 12),
+    ("0.", 0.0, 0),
+    ("+12", 12, 12),
+    ("-7", -7, -7),
+    ("0o17", 15, 15),
+    ("0x1f", 31, 31),
+    ("true", True, True),
+    ("True", True, True),
+    ("FALSE", False, False),
+    ("null", None, None),
+    ("~", None, None),
+    ("", None, None),
+    ("2024-01-01", "2024-01-01", "2024-01-01"),
+    ("1:20", "1:20", "1:20"),
+    ("=", "=", "="),
+    ("0xZZ", "0xZZ", "0xZZ"),
+    ("1e", "1e", "1e"),
+    ("on", "on", True),
+    ("off", "off", False),
+    ("yes", "yes", True),
+    ("no", "no", False),
+    ("y", "y", True),
+    ("n", "n", False),
+    ("Y", "Y", True),
+    ("N", "N", False),
+    ("017", 17, 15),
+    ("0b101", "0b101", 5),
+    ("1_000", "1_000", 1000),
+]
+DIFFERENT = {"on", "off", "yes", "no", "y", "n", "Y", "N", "017", "0b101", "1_000"}
+
+
+def json_value(value):
+    """A value as JSON can hold it: bool, number (int and float alike), string or null."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    return ("number", float(value))
+
+
+def kubectl_reads(text: str):
+    return helm.values_from_yaml(f"v: {text}\n").get("v")
+
+
+@pytest.mark.parametrize(("text", "ours", "kubectl"), TABLE, ids=[row[0] or "empty" for row in TABLE])
+def test_the_table_against_sigs_k8s_yaml(text, ours, kubectl):
+    read = yaml12.load(f"v: {text}\n")["v"]
+    assert type(read) is type(ours) and read == ours
+    assert json_value(kubectl_reads(text)) == json_value(kubectl), "the KUBECTL column is not what sigs.k8s.io/yaml does"
+    assert (json_value(read) != json_value(kubectl)) == (text in DIFFERENT)
+
+
+def test_the_issue_cases_as_documented():
+    doc = yaml12.load("learningRate: 3e-4\nsteps: 1E6\nratio: .5\nmode: on\nanswer: no\nperm: 0o17\nmask: 0x1f\n")
+    assert doc == {"learningRate": 0.0003, "steps": 1e6, "ratio": 0.5, "mode": "on", "answer": "no", "perm": 15, "mask": 31}
+    # YAML 1.1 (PyYAML's SafeLoader), which the reader replaced, got five of the seven wrong.
+    old = yaml.safe_load("learningRate: 3e-4\nsteps: 1E6\nmode: on\nanswer: no\nperm: 0o17\n")
+    assert old == {"learningRate": "3e-4", "steps": "1E6", "mode": True, "answer": False, "perm": "0o17"}
+
+
+def test_keys_resolve_like_values_and_merge_keys_work():
+    doc = yaml12.load("on: 1\nyes: 2\nbase: &b {a: 1}\nderived:\n  <<: *b\n  c: 2\n")
+    assert doc == {"on": 1, "yes": 2, "base": {"a": 1}, "derived": {"a": 1, "c": 2}}
+
+
+def test_special_floats_and_explicit_tags():
+    doc = yaml12.load("a: .inf\nb: -.Inf\nc: .NaN\nd: !!float 3\ne: !!int '0x10'\nf: !!str 3e-4\ng: !!bool TRUE\n")
+    assert doc["a"] == math.inf and doc["b"] == -math.inf and math.isnan(doc["c"])
+    assert doc["d"] == 3.0 and doc["e"] == 16 and doc["f"] == "3e-4" and doc["g"] is True
+
+
+@pytest.mark.parametrize("text", ["!!int yes", "!!float 1_0", "!!bool on", "!!int 0b1"])
+def test_an_explicit_tag_on_a_value_yaml12_does_not_allow_is_a_yaml_error(text):
+    with pytest.raises(yaml.YAMLError, match="not a YAML 1.2"):
+        yaml12.load(f"v: {text}\n")
+
+
+def test_read_yaml_reads_yaml12_and_keeps_its_one_line_errors(tmp_path):
+    good = tmp_path / "job.yaml"
+    good.write_text("spec:\n  training: {learningRate: 3e-4, compile: off}\n")
+    assert read_yaml(good) == {"spec": {"training": {"learningRate": 0.0003, "compile": "off"}}}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("v: !!int yes\n")
+    with pytest.raises(ConfigError) as caught:
+        read_yaml(bad)
+    [line] = [str(error) for error in caught.value.errors]
+    assert line.startswith(f"{bad}: not valid YAML: not a YAML 1.2 integer: 'yes'") and "\n" not in line
+
+
+# Strings every schema must keep strings, numbers YAML 1.1 prints differently from 1.2, and the two floats of the issue.
+AMBIGUOUS_STRINGS = ["3e-4", "1E6", ".5", "0o17", "0x1f", "on", "off", "yes", "no", "y", "n", "Y", "N", "017", "1_000",
+                     "0b101", "true", "null", "~", "", "2024-01-01", "1:20", "=", "12.0", ".inf", "-.5"]
+
+
+def test_the_writer_reads_back_identically_with_yaml12_yaml11_and_kubectl():
+    data = {f"s{i}": text for i, text in enumerate(AMBIGUOUS_STRINGS)}
+    data.update(lr=3e-4, tiny=1e-5, big=1e16, half=0.5, ints=[0, 15, -7], flag=True, none=None)
+    text = yaml12.dump(data)
+    assert yaml12.load(text) == data
+    assert yaml.safe_load(text) == data
+    from_kubectl = helm.values_from_yaml(text)
+    assert {key: json_value(value) for key, value in from_kubectl.items() if key != "ints"} == {
+        key: json_value(value) for key, value in data.items() if key != "ints"
+    }
+
+
+def test_trainer_config_round_trips_through_its_yaml(tmp_path):
+    config = TrainerConfig(
+        training=TrainingConfig(learning_rate=3e-4, min_lr_ratio=0.5, weight_decay=1e-5),
+        data=DataConfig(source="files", path="1e5"),
+    )
+    path = tmp_path / "trainer.yaml"
+    path.write_text(config.to_yaml())
+    assert "learning_rate: 0.0003" in path.read_text()
+    again = TrainerConfig.from_dict(read_yaml(path))
+    assert again == config and again.data.path == "1e5" and again.training.weight_decay == 1e-5
+
