@@ -19,6 +19,7 @@ from brain_trainer.schema import ConfigError, FieldError
 
 from . import __version__
 from .local_plan import LocalRunError
+from .logs import LOG_FORMATS
 from .spec import JOB_BACKENDS, OperatorDefaults, parse_job
 
 __all__ = ["main"]
@@ -77,16 +78,23 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
+    from kubernetes.config import ConfigException
+
     from .handlers import run
 
     if not args.namespace and not args.all_namespaces:
         raise CliError("name the namespaces to watch: --namespace NS (repeatable) or --all-namespaces")
-    run(
-        namespaces=args.namespace or (),
-        all_namespaces=args.all_namespaces,
-        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz",
-        metrics_port=args.metrics_port,
-    )
+    try:
+        run(
+            namespaces=args.namespace or (),
+            all_namespaces=args.all_namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz",
+            metrics_port=args.metrics_port,
+            log_format=args.log_format,
+            verbose=args.verbose,
+        )
+    except ConfigException as exc:  # neither in a pod nor with a kubeconfig
+        raise CliError(f"no Kubernetes credentials: {exc}") from None
     return 0
 
 
@@ -131,6 +139,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
     p.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz on this port (default 8080)")
     p.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus metrics on this port (default 9090)")
+    p.add_argument(
+        "--log-format", choices=LOG_FORMATS, default="text",
+        help="text: timestamped lines, [namespace/name] first; json: one object per line, the job in 'object'",
+    )
+    p.add_argument("--verbose", action="store_true", help="log at DEBUG instead of INFO")
     return parser
 
 

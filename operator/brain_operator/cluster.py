@@ -19,6 +19,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
 
 from .events import Event
+from .logs import job_logger
 from .names import JOB_NAME_LABEL, label_selector
 from .spec import API_VERSION, KIND
 
@@ -143,4 +144,4 @@ class KubernetesClient:
             self._resource("v1", "Event").create(body=body, namespace=meta["namespace"])
         except DynamicApiError as err:
             # Events are commentary: losing one must not stop the job's reconcile.
-            log.warning("could not post event %s on %s/%s: %s", event.reason, meta["namespace"], meta["name"], err)
+            job_logger(log, meta["namespace"], meta["name"]).warning("could not post event %s: %s", event.reason, err)

@@ -30,8 +30,11 @@ import kopf
 from brain_trainer.contract import METRICS_PORT, PROGRESS_PATH
 from brain_trainer.schema import ConfigError
 
+from . import __version__
 from .cluster import ClusterClient, KubernetesClient
 from .job_status import RUNNING
+from .logs import configure as configure_logging
+from .logs import job_logger
 from .metrics import OperatorMetrics
 from .names import JOB_NAME_LABEL
 from .pods import RUNNING as POD_RUNNING
@@ -162,7 +165,7 @@ async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> 
                 await asyncio.to_thread(reconcile_job, context, namespace, name)
                 await asyncio.to_thread(poll_progress, context, namespace, name)
             except Exception:  # one broken job must not stop the others' resync
-                log.exception("resync of %s/%s failed", namespace, name)
+                job_logger(log, namespace, name).exception("resync failed")
 
 
 # Handlers return None: kopf would store a returned value in the job's status.
@@ -193,6 +196,8 @@ def run(
     all_namespaces: bool = False,
     liveness_endpoint: Optional[str] = None,
     metrics_port: Optional[int] = None,
+    log_format: str = "text",
+    verbose: bool = False,
 ) -> None:
     """Run the operator until it is stopped (what `braintrain operator` calls).
 
@@ -200,6 +205,9 @@ def run(
     """
     if not all_namespaces and not namespaces:
         raise ValueError("name at least one namespace to watch, or all_namespaces=True")
+    configure_logging(log_format, verbose)
+    scope = "every namespace" if all_namespaces else f"namespaces {', '.join(namespaces)}"
+    log.info("brain-operator %s watching %s", __version__, scope)
     context = Context(client=KubernetesClient(), defaults=OperatorDefaults.from_env())
     if metrics_port:
         context.metrics.serve(metrics_port)
