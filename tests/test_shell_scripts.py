@@ -21,6 +21,7 @@ PLAN = (
     "kind load docker-image --name brain-e2e",
     "kubectl apply --filename",
     "helm upgrade --install brain-operator",
+    "helm test brain-operator --namespace brain-system",
     "kubectl apply --namespace brain-jobs --filename",
     "kubectl wait --namespace brain-jobs --filename",
     "'jsonpath={.status.phase}=Succeeded'",
@@ -89,6 +90,8 @@ def test_make_kind_e2e_dry_run_prints_the_plan_and_runs_none_of_it(tmp_path):
     job = yaml.safe_load((REPO / "deploy" / "examples" / "cpu-gloo.yaml").read_text())
     load = next(line for line in out.splitlines() if line.startswith("+ kind load docker-image"))
     assert job["spec"]["image"] in load.split() and f"TRAINER_IMAGE={job['spec']['image']}" in out
+    repository, _, tag = job["spec"]["image"].rpartition(":")
+    assert f"trainer.image.repository={repository}" in out and f"trainer.image.tag={tag}" in out
     assert out.rstrip().endswith("+ kind delete cluster --name brain-e2e"), out
     for tool in E2E_TOOLS:
         assert f"missing required tool: {tool}" in result.stderr

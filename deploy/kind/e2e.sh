@@ -124,9 +124,13 @@ main() {
     run helm upgrade --install "${RELEASE}" "${ROOT}/charts/brain-operator" \
         --namespace "${OPERATOR_NAMESPACE}" \
         --set "image.repository=${OPERATOR_IMAGE%:*}" --set "image.tag=${OPERATOR_IMAGE##*:}" \
-        --set "trainer.image=${TRAINER_IMAGE}" --set trainer.imagePullPolicy=IfNotPresent \
+        --set "trainer.image.repository=${TRAINER_IMAGE%:*}" --set "trainer.image.tag=${TRAINER_IMAGE##*:}" \
+        --set trainer.imagePullPolicy=IfNotPresent \
         --set rbac.clusterWide=false --set "watchNamespaces={${JOB_NAMESPACE}}" \
         --wait --timeout 5m
+
+    step "helm test: the operator answers on /healthz"
+    run helm test "${RELEASE}" --namespace "${OPERATOR_NAMESPACE}" --timeout 2m
 
     step "Apply the CPU/gloo example job"
     run kubectl apply --namespace "${JOB_NAMESPACE}" --filename "${JOB_FILE}"

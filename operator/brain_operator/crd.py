@@ -90,7 +90,7 @@ def build_crd() -> dict[str, Any]:
                 "plural": PLURAL,
                 "singular": SINGULAR,
                 "shortNames": [SHORT_NAME],
-                "categories": ["all"],
+                "categories": ["all", "brain"],
             },
             "versions": [
                 {

@@ -11,6 +11,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "brain-operator"
 NAMESPACED_VALUES = Path(__file__).with_name("values-namespaced.yaml")
+MONITORING_VALUES = Path(__file__).with_name("values-monitoring.yaml")
 RELEASE = "brain"
 RELEASE_NAMESPACE = "brain-system"
 

@@ -49,6 +49,28 @@ CLUSTER_WIDE: Grants = {
 }
 
 
+# Not the operator's: what Kubernetes' user-facing roles gain through the chart's aggregated
+# ClusterRoles (values rbac.aggregateToDefaultRoles), by the role they aggregate into. Readers
+# list jobs (`kubectl get all` includes them: the CRD is in the `all` category); editors and
+# admins manage and scale them; nobody but the operator writes status.
+_READ = frozenset({"get", "list", "watch"})
+_MANAGE = frozenset({"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"})
+_EDIT: Grants = {
+    ("brain.ai", "braintrainingjobs"): _MANAGE,
+    ("brain.ai", "braintrainingjobs/status"): _READ,
+    ("brain.ai", "braintrainingjobs/scale"): frozenset({"get", "update", "patch"}),
+}
+DEFAULT_ROLES: dict[str, Grants] = {
+    "view": {
+        ("brain.ai", "braintrainingjobs"): _READ,
+        ("brain.ai", "braintrainingjobs/status"): _READ,
+        ("brain.ai", "braintrainingjobs/scale"): _READ,
+    },
+    "edit": _EDIT,
+    "admin": _EDIT,
+}
+
+
 def expected(*, cluster_wide: bool, pytorchjob: bool) -> Grants:
     grants = dict(NAMESPACED)
     if pytorchjob:

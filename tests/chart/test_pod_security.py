@@ -86,6 +86,12 @@ def test_operator_deployment_is_restricted(value_sets, values):
     assert restricted_violations(template["spec"], template["metadata"].get("annotations")) == []
 
 
+def test_the_helm_test_pod_is_restricted():
+    pod = only(render_objects(), "Pod")
+    assert restricted_violations(pod["spec"], pod["metadata"].get("annotations")) == []
+    assert pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+
 def _pod_specs(objects):
     """(name, pod spec, annotations) of every pod a rendering creates, directly or through a PyTorchJob."""
     for obj in objects:

@@ -14,15 +14,29 @@ from chart_render import RELEASE_NAMESPACE, REPO, render_objects
 import operator_permissions
 
 ROLE_KINDS = ("Role", "ClusterRole")
+BINDING_KINDS = ("RoleBinding", "ClusterRoleBinding")
+AGGREGATE_LABEL = "rbac.authorization.k8s.io/aggregate-to-{}"
 
 
 def rbac_rules(objects):
-    """(role kind, namespace, rule) for every rule of every Role and ClusterRole."""
+    """(role kind, namespace, rule) for every rule of every Role and ClusterRole bound to the operator."""
+    bound = {(obj["roleRef"]["kind"], obj["roleRef"]["name"]) for obj in objects if obj["kind"] in BINDING_KINDS}
     return [
         (obj["kind"], obj["metadata"].get("namespace"), rule)
         for obj in objects
-        if obj["kind"] in ROLE_KINDS
+        if obj["kind"] in ROLE_KINDS and (obj["kind"], obj["metadata"]["name"]) in bound
         for rule in obj.get("rules") or []
+    ]
+
+
+def aggregated_rules(objects, role):
+    """The rules the chart adds to Kubernetes' default ClusterRole `role` (view, edit, admin)."""
+    label = AGGREGATE_LABEL.format(role)
+    return [
+        rule
+        for obj in objects
+        if obj["kind"] == "ClusterRole" and obj["metadata"]["labels"].get(label) == "true"
+        for rule in obj["rules"]
     ]
 
 
@@ -36,10 +50,9 @@ def grants(rules):
     return granted
 
 
-def rule_problems(rules):
-    """Wildcards, secrets, non-resource URLs, and verbs the operator never uses."""
+def rule_problems(rules, allowed=operator_permissions.allowed_verbs()):
+    """Wildcards, secrets, non-resource URLs, and verbs not allowed (by default: those the operator never uses)."""
     problems = []
-    allowed = operator_permissions.allowed_verbs()
     for rule in rules:
         for field in ("apiGroups", "resources", "verbs", "resourceNames"):
             if any("*" in item for item in rule.get(field, [])):
@@ -111,6 +124,34 @@ def test_cluster_wide_binding_targets_the_operator_service_account():
 def test_rbac_create_false_renders_no_rbac():
     objects = render_objects({"rbac": {"create": False}})
     assert not {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"} & {obj["kind"] for obj in objects}
+
+
+@pytest.mark.parametrize("cluster_wide", [True, False])
+def test_the_default_user_roles_gain_exactly_their_braintrainingjob_rights(cluster_wide):
+    objects = render_objects({"rbac": {"clusterWide": cluster_wide}})
+    for role, want in operator_permissions.DEFAULT_ROLES.items():
+        rules = aggregated_rules(objects, role)
+        assert grants(rules) == {key: set(verbs) for key, verbs in want.items()}, role
+        assert rule_problems(rules, allowed=frozenset().union(*want.values())) == []
+    # Only the aggregated roles and the operator's own: nothing bound to users, nothing else labelled.
+    user_roles = [obj for obj in objects if obj["kind"] == "ClusterRole" and any(
+        AGGREGATE_LABEL.format(role) in obj["metadata"]["labels"] for role in operator_permissions.DEFAULT_ROLES)]
+    assert len(user_roles) == 2
+    bound = {obj["roleRef"]["name"] for obj in objects if obj["kind"] in BINDING_KINDS}
+    assert not bound & {obj["metadata"]["name"] for obj in user_roles}
+
+
+def test_view_can_list_everything_in_the_crds_categories():
+    # `kubectl get all` and `kubectl get brain` list every kind in the category: view must list them.
+    crd = yaml.safe_load((REPO / "charts" / "brain-operator" / "crds" / "braintrainingjob.yaml").read_text())
+    assert {"all", "brain"} <= set(crd["spec"]["names"]["categories"])
+    view = grants(aggregated_rules(render_objects(), "view"))
+    assert {"list", "get", "watch"} <= view[(crd["spec"]["group"], crd["spec"]["names"]["plural"])]
+
+
+@pytest.mark.parametrize("values", [{"rbac": {"aggregateToDefaultRoles": False}}, {"rbac": {"create": False}}])
+def test_the_aggregated_roles_can_be_left_out(values):
+    assert aggregated_rules(render_objects(values), "view") == []
 
 
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))

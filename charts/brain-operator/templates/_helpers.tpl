@@ -27,13 +27,44 @@ app.kubernetes.io/name: {{ include "brain-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{- define "brain-operator.labels" -}}
+{{/* The standard labels but app.kubernetes.io/component. */}}
+{{- define "brain-operator.commonLabels" -}}
 helm.sh/chart: {{ include "brain-operator.chart" . }}
 {{ include "brain-operator.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/component: operator
 app.kubernetes.io/part-of: brain-train
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "brain-operator.labels" -}}
+{{ include "brain-operator.commonLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The operator's own pods and Service: the helm test pod shares the selector labels, not the component. */}}
+{{- define "brain-operator.operatorSelectorLabels" -}}
+{{ include "brain-operator.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "brain-operator.trainerImage" -}}
+{{ .Values.trainer.image.repository }}:{{ .Values.trainer.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "brain-operator.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* Served namespaces for a namespaceSelector: all, or the watched ones. */}}
+{{- define "brain-operator.namespaceSelector" -}}
+{{- if .Values.rbac.clusterWide }}
+any: true
+{{- else }}
+matchNames:
+  {{- range include "brain-operator.watchNamespaces" . | fromJsonArray }}
+  - {{ . }}
+  {{- end }}
+{{- end }}
 {{- end }}
 
 {{- define "brain-operator.serviceAccountName" -}}
@@ -97,7 +128,7 @@ brain_operator.spec.OperatorDefaults.from_env reads.
 */}}
 {{- define "brain-operator.defaultsEnv" -}}
 - name: BRAIN_TRAINER_IMAGE
-  value: {{ .Values.trainer.image | quote }}
+  value: {{ include "brain-operator.trainerImage" . | quote }}
 - name: BRAIN_TRAINER_IMAGE_PULL_POLICY
   value: {{ .Values.trainer.imagePullPolicy | quote }}
 - name: BRAIN_NCCL_ENV
