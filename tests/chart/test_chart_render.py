@@ -10,7 +10,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from brain_operator.render import render
-from brain_operator.render.common import JOB_NAME_LABEL
+from brain_operator.names import JOB_NAME_LABEL
+from brain_trainer.contract import METRICS_PATH, METRICS_PORT_NAME
 from brain_operator.spec import OperatorDefaults, parse_job
 from brain_trainer.schema import ConfigError
 from chart_render import CHART, REPO, only, render_objects
@@ -325,7 +326,7 @@ def test_the_pod_monitor_selects_trainer_pods_and_their_metrics_port(monitoring_
         assert monitor["spec"]["namespaceSelector"] == namespaces
         [endpoint] = monitor["spec"]["podMetricsEndpoints"]
         ports = {port["name"] for container in pod["spec"]["containers"] for port in container.get("ports", [])}
-        assert endpoint["port"] in ports and endpoint["path"] == pod["metadata"]["annotations"]["prometheus.io/path"]
+        assert (endpoint["port"], endpoint["path"]) == (METRICS_PORT_NAME, METRICS_PATH) and METRICS_PORT_NAME in ports
     assert only(render_objects(namespaced_values), "PodMonitor")["spec"]["podMetricsEndpoints"][0]["interval"] == "15s"
 
 
