@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-import yaml
+from brain_trainer import kubeyaml
 from brain_trainer.config import read_yaml
 from brain_trainer.schema import ConfigError, FieldError
 
@@ -58,7 +58,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     manifest = _with_backend(load_manifest(args.file), args.backend)
     job = parse_job(manifest, defaults=OperatorDefaults.from_env())
-    sys.stdout.write(yaml.safe_dump_all(render(job), sort_keys=False))
+    sys.stdout.write(kubeyaml.dump_all(render(job)))
     return 0
 
 

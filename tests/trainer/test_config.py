@@ -131,7 +131,7 @@ def test_camel_case_paths_schema_and_round_trip():
 
 
 def test_config_modules_do_not_import_torch():
-    torch_free = ("config", "contract", "presets", "memory", "launcher", "metrics", "progress", "schedule",
+    torch_free = ("config", "contract", "kubeyaml", "presets", "memory", "launcher", "metrics", "progress", "schedule",
                   "checkpoint", "checkpoint.store")
     imports = ", ".join(f"brain_trainer.{name}" for name in torch_free)
     code = f"import sys, brain_trainer, {imports}; assert 'torch' not in sys.modules, sorted(sys.modules)"

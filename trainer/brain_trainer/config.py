@@ -16,7 +16,7 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
-from . import yaml12
+from . import kubeyaml
 from .contract import METRICS_PORT
 from .presets import MODEL_PRESETS
 from .schema import ConfigError, FieldError, Names, from_dict, setting, to_dict
@@ -243,7 +243,7 @@ class TrainerConfig(TrainerSections):
         return to_dict(self)
 
     def to_yaml(self) -> str:
-        return yaml12.dump(self.to_dict())
+        return kubeyaml.dump(self.to_dict())
 
     def config_hash(self) -> str:
         """A stable digest of the settings a user declares, recorded in checkpoint manifests.
@@ -260,7 +260,7 @@ class TrainerConfig(TrainerSections):
 
 
 def read_yaml(path: str | Path) -> Any:
-    """The YAML document in `path` (YAML 1.2 core schema, yaml12); one ConfigError line when it cannot be read or parsed."""
+    """The YAML document in `path` (read as kubectl reads it, kubeyaml); one ConfigError line when it cannot be read or parsed."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -269,7 +269,7 @@ def read_yaml(path: str | Path) -> Any:
         problem = f"not UTF-8 text: {exc.reason} at byte {exc.start}"
     else:
         try:
-            return yaml12.load(text)
+            return kubeyaml.load(text)
         except yaml.YAMLError as exc:
             problem = f"not valid YAML: {' '.join(str(exc).split())}"  # one line, however long the mark
     raise ConfigError([FieldError("", f"{path}: {problem}")])
