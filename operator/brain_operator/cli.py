@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 from brain_trainer import kubeyaml
 from brain_trainer.config import read_yaml
 from brain_trainer.schema import ConfigError, FieldError
+from brain_trainer.tokens.options import add_arguments as add_prepare_arguments
 
 from . import __version__
 from .local_plan import LocalRunError
@@ -98,6 +99,14 @@ def cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    try:  # numpy and tokenizers: the trainer's extra, absent from the operator image
+        from brain_trainer.tokens.prepare import run
+    except ImportError as exc:
+        raise CliError(f"prepare needs the trainer extra (pip install 'brain-train[trainer]'): {exc}") from None
+    return run(args, prog="braintrain prepare")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="braintrain",
@@ -133,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device-memory", type=float, metavar="GIB", help="memory per device in GiB (default: 80)"
     )
+
+    p = command("prepare", cmd_prepare, "turn a corpus into a token dataset folder for data.source tokens")
+    add_prepare_arguments(p)
 
     p = command("operator", cmd_operator, "run the BrainTrainingJob operator (kopf) against the current cluster")
     p.add_argument("--namespace", action="append", metavar="NS", help="watch this namespace (repeatable)")
