@@ -1,4 +1,4 @@
-"""A torch Dataset over one split of a prepared token dataset, read through numpy.memmap.
+"""A torch Dataset over one split of a prepared token dataset, read through memory maps.
 
 Item i is the window of seq_len + 1 tokens starting at token i x (seq_len + 1)
 of the split's stream (non-overlapping, as data.ByteFileDataset cuts bytes;
@@ -8,15 +8,18 @@ RankAwareDataLoader and its global sample index work unchanged.
 
 Resident memory: pages a memory map has read count as this process's
 resident memory until they are unmapped, so reading through a large corpus
-would grow it up to the corpus size. The dataset therefore drops its maps
-after every RELEASE_BYTES it may have brought in and maps again on the next
-read (the data stays in the page cache, which the kernel reclaims freely).
+would grow it up to the corpus size. The dataset therefore tells the kernel
+(madvise MADV_DONTNEED) to drop its mappings after every RELEASE_BYTES it may
+have brought in; the data stays in the page cache, which the kernel reclaims
+freely, and the next read maps it again. Each shard is a numpy array over an
+`mmap.mmap` (what numpy.memmap builds) so that the map itself is at hand.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,8 @@ from torch.utils.data import Dataset
 from .format import Manifest, check_seq_len, read_manifest, verify_split, windows
 
 RELEASE_BYTES = 16 << 20
-# A page fault maps up to this much of the file around the page (Linux fault_around_bytes, 64 KiB by default).
-FAULT_AROUND_BYTES = 64 << 10
+# What one read may add to the resident set: Linux maps a whole 2 MiB folio of the page cache at a fault.
+MAPPED_PER_READ = 2 << 20
 
 
 class TokenDataset(Dataset):
@@ -51,7 +54,8 @@ class TokenDataset(Dataset):
         self._starts = [0, *itertools.accumulate(s.tokens for s in shards)]  # token offset of each shard
         self._dtype = np.dtype(self.manifest.dtype).newbyteorder("<")
         self._len = windows(self._starts[-1], seq_len)
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self._touched: set[int] = set()
         self._unreleased = 0
 
     @property
@@ -67,9 +71,17 @@ class TokenDataset(Dataset):
 
     def _shard(self, k: int) -> np.ndarray:
         if k not in self._maps:
-            # A plain ndarray view of the memmap: slicing it skips memmap's per-view bookkeeping.
-            self._maps[k] = np.memmap(self._files[k], dtype=self._dtype, mode="r").view(np.ndarray)
-        return self._maps[k]
+            with open(self._files[k], "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._maps[k] = (mapped, np.frombuffer(mapped, dtype=self._dtype))
+        self._touched.add(k)
+        return self._maps[k][1]
+
+    def _release(self) -> None:
+        for k in self._touched:
+            self._maps[k][0].madvise(mmap.MADV_DONTNEED)
+        self._touched.clear()
+        self._unreleased = 0
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= index < self._len:
@@ -85,12 +97,11 @@ class TokenDataset(Dataset):
             start, size, k = start + len(piece), size - len(piece), k + 1
         joined = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         window = torch.from_numpy(joined.astype(np.int64))  # a copy: nothing points into a map
-        self._unreleased += len(pieces) * FAULT_AROUND_BYTES + window.numel() * self._dtype.itemsize
+        self._unreleased += len(pieces) * MAPPED_PER_READ + window.numel() * self._dtype.itemsize
         if self._unreleased >= RELEASE_BYTES:
-            self._maps.clear()  # unmaps: the pages read so far leave this process's resident set
-            self._unreleased = 0
+            self._release()
         return window[:-1], window[1:]
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader workers started by spawn receive a copy: maps are per process, made again on first read.
-        return {**self.__dict__, "_maps": {}, "_unreleased": 0}
+        return {**self.__dict__, "_maps": {}, "_touched": set(), "_unreleased": 0}
