@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 
 import numpy as np
@@ -16,6 +17,7 @@ from tokens_corpus import documents, prepare, split_texts, stdlib_globs, stdlib_
 from brain_trainer.tokens import prepare as prepare_module
 from brain_trainer.tokens.dataset import TokenDataset
 from brain_trainer.tokens.format import read_manifest
+from brain_trainer.tokens.report import PassProgress
 from brain_trainer.tokens.tokenizer import load_dataset_tokenizer, train_bpe
 
 PACKAGES = ("json", "email", "concurrent/futures")
@@ -192,3 +194,21 @@ def test_braintrain_prepare_is_the_same_command(tmp_path, capsys):
     assert braintrain(["prepare", *stdlib_globs("json"), "--out", str(out), "--val-fraction", "0"]) == 1
     assert "already exists; --force replaces" in capsys.readouterr().err
     assert braintrain(["prepare", *stdlib_globs("json"), "--out", str(out), "--val-fraction", "0", "--force"]) == 0
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_tenths_elsewhere():
+    plain = io.StringIO()
+    with PassProgress("tokenizing", 1000, plain) as progress:
+        for _ in range(40):
+            progress.advance(25)
+    lines = plain.getvalue().splitlines()
+    assert [line.rsplit("(", 1)[1] for line in lines] == [f"{p}%)" for p in range(10, 101, 10)]
+    terminal = Terminal()
+    with PassProgress("tokenizing", 10**6, terminal) as progress:
+        progress.advance(5 * 10**5)
+    assert "tokenizing" in terminal.getvalue() and "\x1b[" in terminal.getvalue()  # drawn with escape codes

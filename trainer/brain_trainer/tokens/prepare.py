@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import signal
 import sys
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +83,7 @@ _job: tuple = ()  # a worker's (tokenizer, dtype, seed, val_fraction), set once 
 def _start_worker(*job: object) -> None:
     global _job
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the processes are the parallelism
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle: it stops the pool
     _job = job
 
 
@@ -199,6 +202,10 @@ def run(args: argparse.Namespace, prog: str) -> int:
         manifest = prepare(options)
     except (CorpusError, TokenizerError, DatasetError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenProcessPool:
+        print(f"{prog}: a tokenizing worker process died (out of memory?); nothing was written to {options.out}",
+              file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"{prog}: {exc.filename or options.out}: {exc.strerror or exc}", file=sys.stderr)
