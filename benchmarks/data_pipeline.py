@@ -171,8 +171,10 @@ def bench_loader(path: Path, steps: int) -> None:
     from brain_trainer.tokens.dataset import TokenDataset
 
     consumed = child("train", str(steps), str(torch.get_num_threads()))
-    loader = RankAwareDataLoader(TokenDataset(path, SEQ_LEN), DistributedConfig(), micro_batch_size=MICRO_BATCH,
-                                 rank=0, world_size=1, seed=0)
+    start = time.perf_counter()
+    dataset = TokenDataset(path, SEQ_LEN)  # verifies every shard: sizes and CRC-32
+    opened = time.perf_counter() - start
+    loader = RankAwareDataLoader(dataset, DistributedConfig(), micro_batch_size=MICRO_BATCH, rank=0, world_size=1, seed=0)
     batches = iter(loader)
     next(batches)  # the epoch's permutation is drawn at the first batch
     n = 5000
@@ -180,7 +182,8 @@ def bench_loader(path: Path, steps: int) -> None:
     for _ in range(n):
         next(batches)
     drawn = n * MICRO_BATCH * SEQ_LEN / (time.perf_counter() - start)
-    print(f"loader: micro-batch {MICRO_BATCH}, seq_len {SEQ_LEN}, one rank, shuffled windows of {path.name}")
+    print(f"loader: micro-batch {MICRO_BATCH}, seq_len {SEQ_LEN}, one rank, shuffled windows of {path.name} "
+          f"(opening it, which verifies every shard, took {opened:.1f} s)")
     print(f"  minimal preset trains {consumed:,.0f} tokens/s ({steps} steps); RankAwareDataLoader draws {drawn:,.0f} "
           f"tokens/s; ratio {drawn / consumed:.0f}x   (target >= 20x)")
 

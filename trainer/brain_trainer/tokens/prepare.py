@@ -32,7 +32,7 @@ from .format import TOKENIZER_FILE, DatasetError, Manifest, dtype_for, in_valida
 from .options import DESCRIPTION, PrepareOptions, add_arguments, options_from
 from .report import PassProgress
 from .tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, parse_tokenizer, train_bpe
-from .writer import DatasetWriter
+from .writer import DatasetWriter, check_destination
 
 BATCH_CHARS = 1 << 20  # text per tokenizing task: enough to amortise handing it to a worker
 TASKS_PER_WORKER = 2  # tasks in flight per worker: keeps workers busy while bounding memory
@@ -164,6 +164,7 @@ def prepare(options: PrepareOptions, stream: TextIO = sys.stderr) -> Manifest:
     """Make the dataset folder `options.out`; progress goes to `stream`. Returns its manifest."""
     corpus = Corpus(expand(options.inputs), options.text_field, options.skip_bad)
     out = Path(options.out)
+    check_destination(out, options.force)  # before a tokenizer is trained for nothing
     tokenizer = choose_tokenizer(options, corpus, stream)
     dtype = dtype_for(tokenizer.vocab_size)
     with DatasetWriter(out, dtype, options.shard_tokens, force=options.force) as writer:

@@ -32,6 +32,17 @@ def sibling(out: Path, suffix: str) -> Path:
     return path
 
 
+def check_destination(out: Path, force: bool) -> None:
+    """DatasetError unless `out` is absent, an empty folder, or (with force) a dataset prepared before."""
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        if not force:
+            raise DatasetError(f"{out}: already exists; --force replaces a dataset prepared before")
+        try:
+            read_manifest(out)
+        except DatasetError:
+            raise DatasetError(f"{out}: exists and is not a token dataset; not replacing it") from None
+
+
 class ShardWriter:
     """One split's token stream, appended to files of `shard_tokens` ids each (the last one shorter)."""
 
@@ -89,15 +100,9 @@ class DatasetWriter:
     """
 
     def __init__(self, out: Path, dtype: str, shard_tokens: int, *, force: bool = False):
+        check_destination(out, force)
         self.out = out
         self.dtype = dtype
-        if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-            if not force:
-                raise DatasetError(f"{out}: already exists; --force replaces a dataset prepared before")
-            try:
-                read_manifest(out)
-            except DatasetError:
-                raise DatasetError(f"{out}: exists and is not a token dataset; not replacing it") from None
         self.tmp = sibling(out, ".tmp")
         self.splits = {name: ShardWriter(self.tmp, name, dtype, shard_tokens) for name in SPLITS}
 
