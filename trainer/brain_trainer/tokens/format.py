@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from ..checkpoint.store import verify_files, write_atomic
-from ..schema import ConfigError, from_dict, setting, to_dict
+from ..schema import ConfigError, Names, from_dict, setting, to_dict
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -77,7 +77,7 @@ class Split:
     tokens: int = setting(0, minimum=0, help="token ids over all shards, end-of-text ids included")
     shards: list[Shard] = setting(default_factory=list)
 
-    def check(self) -> Iterator[tuple[str, str]]:
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
         total = sum(s.tokens for s in self.shards)
         if total != self.tokens:
             yield "tokens", f"is {self.tokens}, but the shards hold {total}"
@@ -95,9 +95,9 @@ class TokenizerInfo:
     file: Optional[str] = setting(None, help="the tokenizer file in the dataset folder")
     sha256: Optional[str] = setting(None, pattern=r"[0-9a-f]{64}", help="SHA-256 of that file: the tokenizer's identity")
 
-    def check(self) -> Iterator[tuple[str, str]]:
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.eot_id >= self.vocab_size:
-            yield "eot_id", f"must be < vocab_size ({self.vocab_size}), got {self.eot_id}"
+            yield "eot_id", f"must be < {name('vocab_size')} ({self.vocab_size}), got {self.eot_id}"
         if self.kind == "huggingface" and (self.file != TOKENIZER_FILE or not self.sha256):
             yield "file", f"a huggingface tokenizer needs file {TOKENIZER_FILE!r} and its sha256"
 
@@ -116,14 +116,14 @@ class Manifest:
     inputs: list[str] = setting(default_factory=list, help="the input patterns given to prepare")
     skipped: int = setting(0, minimum=0, help="documents skipped as not UTF-8 (--skip-bad)")
 
-    def check(self) -> Iterator[tuple[str, str]]:
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
         want = dtype_for(self.tokenizer.vocab_size)
         if self.dtype != want:
             yield "dtype", f"must be {want} for a vocabulary of {self.tokenizer.vocab_size}, got {self.dtype}"
-        for name in SPLITS:
-            for i, shard in enumerate(self.split(name).shards):
-                if shard.name != shard_name(name, i):
-                    yield f"{name}.shards", f"entry {i} must be named {shard_name(name, i)}, got {shard.name!r}"
+        for split in SPLITS:
+            for i, shard in enumerate(self.split(split).shards):
+                if shard.name != shard_name(split, i):
+                    yield f"{split}.shards", f"entry {i} must be named {shard_name(split, i)}, got {shard.name!r}"
 
     @property
     def itemsize(self) -> int:

@@ -11,7 +11,7 @@ import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Iterator, Optional
 
-from ..schema import ConfigError, FieldError, from_dict, setting
+from ..schema import ConfigError, FieldError, Names, from_dict, setting
 
 MIN_TRAINED_VOCAB = 257  # the 256 byte symbols and the end-of-text token
 DESCRIPTION = "Turn a corpus into a token dataset folder (docs/data.md)."
@@ -39,7 +39,7 @@ class PrepareOptions:
     skip_bad: bool = setting(False, help="skip documents that are not UTF-8 (and count them) instead of stopping")
     force: bool = setting(False, help="replace OUT if it holds a dataset prepared before")
 
-    def check(self) -> Iterator[tuple[str, str]]:
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.train_tokenizer and self.vocab_size is None:
             yield "vocab_size", "required with --train-tokenizer"
         if self.vocab_size is not None and not self.train_tokenizer:
