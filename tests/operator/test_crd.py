@@ -39,6 +39,7 @@ def test_check_mode_detects_drift(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(crd, "ROOT", tmp_path)
     monkeypatch.setattr(crd, "DOCS_PATH", tmp_path / "docs" / "crd.md")
     monkeypatch.setattr(crd, "CHART_CRD_PATH", tmp_path / "chart" / "crd.yaml")
+    monkeypatch.setattr(crd.corev1, "SCHEMA_FILE", tmp_path / "corev1.json")
     assert crd.main(["--check"]) == 1
     assert "crd.yaml is stale" in capsys.readouterr().err
     assert crd.main([]) == 0

@@ -20,19 +20,19 @@ from typing import Any, Iterator, Mapping
 
 SOURCE_VERSION = "1.29.0"
 SCHEMA_FILE = Path(__file__).with_name("corev1.json")
-# The PodSpec fields the overlay may set.
-POD_SPEC_FIELDS = (
-    "imagePullSecrets",
-    "serviceAccountName",
-    "automountServiceAccountToken",
-    "volumes",
-    "initContainers",
-    "containers",
-    "priorityClassName",
-    "hostNetwork",
-    "dnsPolicy",
-    "runtimeClassName",
-)
+# The PodSpec fields the overlay may set, with their Kubernetes types (for docs/crd.md).
+POD_SPEC_FIELDS = {
+    "imagePullSecrets": "list of core/v1 LocalObjectReference",
+    "serviceAccountName": "string",
+    "automountServiceAccountToken": "boolean",
+    "volumes": "list of core/v1 Volume",
+    "initContainers": "list of core/v1 Container",
+    "containers": "list of core/v1 Container",
+    "priorityClassName": "string",
+    "hostNetwork": "boolean",
+    "dnsPolicy": "string",
+    "runtimeClassName": "string",
+}
 # Levels of nested properties that keep their descriptions.
 DESCRIBED_LEVELS = 2
 _KEPT = ("description", "type", "format", "properties", "items", "required", "enum", "additionalProperties",
