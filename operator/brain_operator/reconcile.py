@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
@@ -110,7 +110,7 @@ def kueue_workloads(job: Job, children: Sequence[Mapping[str, Any]], client: Clu
     if not job.spec.scheduling.queue_name:
         return []
     if job.spec.backend == "elastic":
-        if not any(pod_view(c).gated for c in children if _kind(c) == POD):
+        if not _all_gated(pod_view(c) for c in children if _kind(c) == POD):
             return []
         return client.list_objects(*WORKLOAD, job.namespace, field_selector=f"metadata.name={job.name}")
     held = [c for c in children if _kind(c) == PYTORCHJOB and _kueue_holds(job, c)]
@@ -218,7 +218,7 @@ def _plan_elastic(
         strategy=resolved_strategy(spec),
         effective_batch_size=effective_batch_size(job),
         selector=selector(job),
-        queued=_kueue_reason(job, existing) if any(p.gated for ref, p in live.items() if ref not in gone) else None,
+        queued=_kueue_reason(job, existing) if _all_gated(p for ref, p in live.items() if ref not in gone) else None,
     )
     status = elastic_status(before, seen, now)
     return Plan(
@@ -364,6 +364,12 @@ def _config_patches(desired: Sequence[Mapping[str, Any]], existing: Mapping[Obje
         if current is not None and current.get("data") != obj["data"]:
             patches.append((ObjectRef.of(obj), {"data": obj["data"]}))
     return patches
+
+
+def _all_gated(pods: Iterable[PodView]) -> bool:
+    """Kueue holds the whole group back (after a preemption too); one gated replacement pod is a restart."""
+    waiting = [p for p in pods if not p.finished]
+    return bool(waiting) and all(p.gated for p in waiting)
 
 
 def _group_size(pod: Mapping[str, Any]) -> Optional[str]:
