@@ -13,7 +13,7 @@ A persistent volume claim is a folder named after it in the claims folder
 (`braintrain run --claims`, default `runs/claims/`), outside the job's work
 directory, so, as in a cluster, it outlives the run: another run, with a new
 work directory, that mounts the same claim resumes from its checkpoints
-(README, "Checkpoint claims on a laptop").
+(README, "What the demo shows").
 """
 
 from __future__ import annotations
