@@ -109,13 +109,10 @@ def test_checkpoints_are_shared_even_when_the_cluster_would_use_pod_scratch():
     assert p.workers[0].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-0" / "dshm"]
 
 
-def test_a_named_claim_is_the_folder_of_that_name_whatever_the_job():
-    for name in ("first", "second"):
-        p = plan(checkpoint={"claimName": "shared-ckpt"}) if name == "first" else plan(
-            checkpoint={"claimName": "shared-ckpt"}, training={"steps": 500}
-        )
-        assert p.checkpoint_dir == CLAIMS / "shared-ckpt"
-        assert local_trainer_yaml(p)["checkpoint"]["dir"] == str(CLAIMS / "shared-ckpt")
+def test_a_named_claim_is_the_folder_of_that_name_in_the_claims_folder():
+    p = plan(checkpoint={"claimName": "shared-ckpt"})
+    assert p.checkpoint_dir == CLAIMS / "shared-ckpt"
+    assert local_trainer_yaml(p)["checkpoint"]["dir"] == str(CLAIMS / "shared-ckpt")
 
 
 def test_steps_name_and_budget_come_through():

@@ -1,44 +1,21 @@
 """Reconcile on a cluster as a real one behaves (issues 13 and 14): retained checkpoint claims, Kueue on both
 backends, gang PodGroups and honest spec edits, against the in-memory client."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
-import jsonschema
 import kopf
 import pytest
 from fake_cluster import FakeCluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_reconcile import NS, T0, condition, manifest, step
 
 from brain_operator import handlers
-from brain_operator.crd import status_schema
-from brain_operator.reconcile import deletion_events, reconcile
+from brain_operator.reconcile import deletion_events
 from brain_operator.schedulers import ADMISSION_GATE, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL
-from brain_operator.spec import API_VERSION, KIND, OperatorDefaults
+from brain_operator.spec import KIND, OperatorDefaults
 
-T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
-NS = "default"
-STATUS_SCHEMA = jsonschema.Draft4Validator(status_schema())
 TEMPLATE = {"volumeClaimTemplate": {"accessModes": ["ReadWriteMany"], "storage": "5Gi"}}
-
-
-def manifest(name="j", nodes=2, **spec):
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"image": "registry.example/brain-trainer:1", "nodes": nodes, **spec},
-    }
-
-
-def step(cluster, now=T0, name="j"):
-    status = reconcile(cluster.get_job(NS, name), cluster, now)
-    STATUS_SCHEMA.validate(status)
-    return status
-
-
-def condition(status, kind):
-    return next(c for c in status["conditions"] if c["type"] == kind)
 
 
 def writes_since(cluster, mark, kind=None):
