@@ -7,10 +7,12 @@ from __future__ import annotations
 import copy
 from datetime import datetime, timezone
 
+import kubernetes_validate
 import pytest
 import structural
 import yaml
 from fake_cluster import FakeCluster
+from test_examples import _checked_objects
 
 from brain_operator import crd
 from brain_operator.cli import main
@@ -103,13 +105,24 @@ def test_every_overlay_field_reaches_every_pod_merged_with_the_operators(backend
         assert {"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True} in uploader["volumeMounts"]
 
 
+ASKED = {"spec": {
+    "automountServiceAccountToken": True,
+    "hostNetwork": True,
+    "containers": [{"name": "trainer", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}],
+}}
+
+
+@pytest.mark.parametrize("version", ["1.29", "1.37"])
+@pytest.mark.parametrize("backend", ["elastic", "pytorchjob"])
+def test_pods_with_every_overlay_field_pass_strict_kubernetes_schemas(backend, version):
+    for overlay in (OVERLAY, ASKED):
+        for obj in render(parse_job(manifest(overlay, backend=backend))):
+            for checked in _checked_objects(obj):
+                assert kubernetes_validate.validate(checked, version, strict=True) == version
+
+
 def test_token_capabilities_and_host_network_only_when_asked():
-    overlay = {"spec": {
-        "automountServiceAccountToken": True,
-        "hostNetwork": True,
-        "containers": [{"name": "trainer", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}],
-    }}
-    pod = next(o for o in render(parse_job(manifest(overlay))) if o["kind"] == "Pod")
+    pod = next(o for o in render(parse_job(manifest(ASKED))) if o["kind"] == "Pod")
     assert pod["spec"]["automountServiceAccountToken"] is True
     assert pod["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
     # On the host's network the workers still resolve each other (the rendezvous host).
