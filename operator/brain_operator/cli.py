@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .local import run_job
 
     manifest = load_manifest(args.file)
-    return run_job(manifest, base_dir=args.file.resolve().parent, workdir=args.workdir)
+    return run_job(manifest, base_dir=args.file.resolve().parent, workdir=args.workdir, claims=args.claims)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -126,7 +126,13 @@ def _parser() -> argparse.ArgumentParser:
     p = command("run", cmd_run, "train the job locally: one torchrun agent per worker pod, on this machine")
     manifest_arg(p)
     p.add_argument(
-        "--workdir", type=Path, metavar="DIR", help="checkpoints, config and scratch folders (default: ./runs/<job-name>)"
+        "--workdir", type=Path, metavar="DIR", help="config, scratch and progress folders (default: ./runs/<job-name>)"
+    )
+    p.add_argument(
+        "--claims",
+        type=Path,
+        metavar="DIR",
+        help="persistent volume claims, one folder each, named after the claim; they outlive the run (default: ./runs/claims)",
     )
 
     p = command("render", cmd_render, "print the Kubernetes objects the operator creates for the job")

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Protocol
 from brain_trainer.contract import format_time
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError
+from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from .events import Event
 from .logs import job_logger
@@ -50,6 +50,11 @@ class ClusterClient(Protocol):
 
     def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
         """Objects of one kind labelled `brain.ai/job-name=<job_name>`."""
+
+    def list_objects(
+        self, api_version: str, kind: str, namespace: str, *, label_selector: str = "", field_selector: str = ""
+    ) -> list[dict]:
+        """Objects of one kind another controller made for a job (Kueue's Workloads); [] when the kind is not served."""
 
     def create(self, obj: Mapping[str, Any]) -> bool:
         """Create unless it exists; True when this call created it."""
@@ -91,6 +96,16 @@ class KubernetesClient:
     def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
         selector = label_selector({JOB_NAME_LABEL: job_name})
         found = self._resource(api_version, kind).get(namespace=namespace, label_selector=selector)
+        return list(found.to_dict().get("items") or [])
+
+    def list_objects(
+        self, api_version: str, kind: str, namespace: str, *, label_selector: str = "", field_selector: str = ""
+    ) -> list[dict]:
+        try:
+            resource = self._resource(api_version, kind)
+        except ResourceNotFoundError:
+            return []  # e.g. Kueue is not installed
+        found = resource.get(namespace=namespace, label_selector=label_selector or None, field_selector=field_selector or None)
         return list(found.to_dict().get("items") or [])
 
     def create(self, obj: Mapping[str, Any]) -> bool:

@@ -1,8 +1,10 @@
 """The BrainTrainingJob CustomResourceDefinition and its field reference, generated from the spec model.
 
 `python -m brain_operator.crd` writes deploy/crd/braintrainingjob.yaml, the
-chart's copy in charts/brain-operator/crds/ and docs/crd.md; `--check` exits 1
-when any of them differs from what the model says.
+chart's copy in charts/brain-operator/crds/, docs/crd.md and the core/v1
+schemas the pod overlay is typed with (spec/corev1.json, from
+kubernetes-validate); `--check` exits 1 when any of them differs from what the
+model says.
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ from .spec import (
     RESERVED_ENV_KEYS,
     RESERVED_ENV_PREFIXES,
     SHORT_NAME,
+    TRANSITION_RULES,
     SINGULAR,
     VERSION,
     JobSpec,
     OperatorDefaults,
 )
+from .spec import corev1
+from .spec.edits import immutable_fields, propagated_fields
 from .spec.kube import DNS_LABEL_MAX
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +62,9 @@ def _with_timestamps(schema: dict[str, Any]) -> dict[str, Any]:
 
 def spec_schema() -> dict[str, Any]:
     schema = openapi_schema(JobSpec, camel_case=True)
-    schema["x-kubernetes-validations"] = [{"rule": rule, "message": message} for rule, message in API_SERVER_RULES]
+    schema["x-kubernetes-validations"] = [
+        {"rule": rule, "message": message} for rule, message in (*API_SERVER_RULES, *TRANSITION_RULES)
+    ]
     return schema
 
 
@@ -189,8 +196,14 @@ def _rows(cls: type, prefix: str) -> list[str]:
         path = f"{prefix}{key_for(f, True)}"
         tp = hints[f.name]
         inner = next((a for a in (tp, *typing.get_args(tp)) if dataclasses.is_dataclass(a)), None)
-        help_text = f.metadata.get("help") or ((inner.__doc__ or "").strip().splitlines()[0] if inner else "")
-        cells = [f"`{path}`", _type_name(tp), _default_text(f), _constraints(f), help_text.replace("|", "\\|")]
+        core = f.metadata.get("schema")
+        help_text = (
+            f.metadata.get("help")
+            or (core.get("description", "").split(". ")[0] if core else "")
+            or ((inner.__doc__ or "").strip().splitlines()[0] if inner else "")
+        )
+        type_text = corev1.POD_SPEC_FIELDS[key_for(f, True)] if core else _type_name(tp)
+        cells = [f"`{path}`", type_text, _default_text(f), _constraints(f), " ".join(help_text.split()).replace("|", "\\|")]
         rows.append("| " + " | ".join(cells) + " |")
         if inner is not None:
             rows.extend(_rows(inner, f"{path}."))
@@ -201,10 +214,15 @@ _RENDERING = f"""## What a job becomes
 
 For a job `J`, the `elastic` backend (default) creates a headless Service `J-workers`, a ConfigMap
 `J-config` holding the resolved `trainer.yaml` (mounted read-only at `{CONFIG_DIR}`), a PVC
-`J-checkpoints` when `checkpoint.volumeClaimTemplate` is set, and pods `J-worker-0..nodes-1` running
+`J-checkpoints` when `checkpoint.volumeClaimTemplate` is set, a PodGroup `J` when `scheduling.gang` names a
+gang scheduler, and pods `J-worker-0..nodes-1` running
 `torchrun -m brain_trainer --config {CONFIG_PATH}` with c10d rendezvous on `J-worker-0.J-workers:{RDZV_PORT}`.
 The `pytorchjob` backend creates the ConfigMap, the PVC and a Kubeflow `kubeflow.org/v1` PyTorchJob instead:
 Master + Worker for a fixed size, Workers with an `elasticPolicy` when `elastic.minNodes < elastic.maxNodes`.
+Every child but the checkpoint PVC is owned by the job; the PVC is too only with
+`checkpoint.reclaimPolicy: Delete` (by default it is kept, labelled `brain.ai/job-name=J`, and a new job named
+`J` resumes from it). `podTemplate` adds labels, annotations and Kubernetes PodSpec fields to every worker pod
+on both backends; what the operator sets itself is refused, naming the field.
 
 Rules across fields: `nodes` lies within `elastic.minNodes..maxNodes` (an unset bound is `nodes`; the API
 server enforces this too, so `kubectl scale btj/J --replicas=N` stays in range); `claimName` and
@@ -220,6 +238,19 @@ them): `{OperatorDefaults.ENV_IMAGE}` (image), `{OperatorDefaults.ENV_PULL_POLIC
 """
 
 
+def _edits_markdown() -> str:
+    immutable = ", ".join(f"`spec.{'.'.join(keys)}`" for keys, _ in immutable_fields())
+    propagated = ", ".join(f"`{path}`" for path in propagated_fields())
+    return (
+        "## Changing a running job\n\n"
+        f"Propagated while the job runs: {propagated}. `nodes` and `runPolicy` act at the next reconcile; the "
+        "trainer settings are patched into `J-config`, and each worker pod started afterwards carries the new "
+        "`brain.ai/config-hash` and reads them (so does a worker group torchrun restarts inside a pod).\n\n"
+        f"Immutable (the API server refuses the edit, naming the field): {immutable}. Writing out a field's "
+        "default is not a change.\n"
+    )
+
+
 def docs_markdown() -> str:
     """docs/crd.md: every spec and status field with its type, default, constraints and meaning."""
     head = "| field | type | default | allowed | meaning |\n|---|---|---|---|---|\n"
@@ -230,7 +261,7 @@ def docs_markdown() -> str:
         "The API server checks types, enums and bounds from the CRD schema; `braintrain validate` and the "
         "operator also check the rules across fields (elastic range, reserved environment keys, name length, "
         "storage access modes, batch divisibility) and name the field in every error.\n\n"
-        f"{_RENDERING}\n"
+        f"{_RENDERING}\n" + _edits_markdown() + "\n"
         "## spec\n\n" + head + "\n".join(_rows(JobSpec, "spec.")) + "\n\n"
         "## status\n\nWritten by the operator.\n\n" + head + "\n".join(_rows(JobStatus, "status.")) + "\n"
     )
@@ -241,7 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed files are stale")
     args = parser.parse_args(argv)
     crd = crd_yaml()
-    outputs = {CRD_PATH: crd, CHART_CRD_PATH: crd, DOCS_PATH: docs_markdown()}
+    outputs = {corev1.SCHEMA_FILE: corev1.generate(), CRD_PATH: crd, CHART_CRD_PATH: crd, DOCS_PATH: docs_markdown()}
     if args.check:
         stale = [p for p, text in outputs.items() if not p.exists() or p.read_text() != text]
         for path in stale:

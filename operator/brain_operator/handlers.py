@@ -10,7 +10,8 @@ progress document (step, loss, throughput, last checkpoint) into status.
 
 kopf keeps its bookkeeping in annotations under the `brain.ai/` prefix, not
 in `status`. There is no finalizer: children carry owner references and
-are garbage-collected with the job.
+are garbage-collected with the job, except a checkpoint claim kept by
+`reclaimPolicy: Retain`, which an Event on the deleted job names.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from .metrics import OperatorMetrics
 from .names import JOB_NAME_LABEL
 from .pods import RUNNING as POD_RUNNING
 from .progress import changed, progress_status
-from .reconcile import POD, reconcile
+from .reconcile import POD, deletion_events, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults, parse_job
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,14 @@ def on_job(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event("", "v1", "pods", labels={JOB_NAME_LABEL: kopf.PRESENT})
 def on_pod(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
     reconcile_job(memo.context, namespace, labels[JOB_NAME_LABEL])
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_job_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    # Gone for good (no finalizer holds it): say which checkpoint claim outlives it.
+    if type == "DELETED":
+        for event in deletion_events(body, memo.context.defaults):
+            memo.context.client.post_event(body, event)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

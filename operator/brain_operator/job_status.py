@@ -15,17 +15,19 @@ from brain_trainer.schema import ConfigError, from_dict, setting, to_dict, valid
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
 SUCCEEDED, FAILED, SUSPENDED = "Succeeded", "Failed", "Suspended"
-PHASES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
+# Waiting for Kueue to admit the job (its reason in the condition).
+QUEUED = "Queued"
+PHASES = (PENDING, QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
 TERMINAL = (SUCCEEDED, FAILED)
 VALID = "Valid"
 # One condition per phase a user may wait on (`kubectl wait --for=condition=Succeeded`), plus Valid.
-CONDITION_TYPES = (VALID, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+CONDITION_TYPES = (VALID, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
 CONDITION_STATUSES = ("True", "False", "Unknown")
 
 
 @dataclass
 class Condition:
-    """One condition of the job (Valid, Running, Restarting, Suspended, Succeeded, Failed)."""
+    """One condition of the job (Valid, Queued, Running, Restarting, Suspended, Succeeded, Failed)."""
 
     type: str = setting(choices=CONDITION_TYPES)
     status: str = setting(choices=CONDITION_STATUSES)

@@ -44,23 +44,29 @@ POLL_SECONDS = 0.2
 # How long the trainers get to commit a checkpoint after SIGTERM before the
 # runner kills them (torchrun gives its workers 30 s).
 STOP_GRACE_SECONDS = 60.0
+# Where `braintrain run` keeps persistent volume claims unless told (docs: local_plan).
+CLAIMS_DIR = Path("runs") / "claims"
 # prctl(2) option: orphaned descendants are re-parented to this process.
 PR_SET_CHILD_SUBREAPER = 36
 
 Lines = "queue.Queue[tuple[str, str]]"
 
 
-def planner(manifest: Mapping[str, Any], *, base_dir: Path, workdir: Optional[Path]) -> Callable[[int], LocalPlan]:
+def planner(
+    manifest: Mapping[str, Any], *, base_dir: Path, workdir: Optional[Path], claims: Optional[Path] = None
+) -> Callable[[int], LocalPlan]:
     """Validate the manifest (ConfigError names the field) and return plan(rdzv_port)."""
     job = localize(
         parse_job(manifest, require_image=False), base_dir=base_dir, stdlib=Path(sysconfig.get_paths()["stdlib"])
     )
     folder = (workdir or Path("runs") / job.name).resolve()
+    claims_folder = (claims or CLAIMS_DIR).resolve()
     # One metrics port for the whole run: trainer.yaml, which carries it, is written once.
     metrics_port = free_port()
     return lambda port: plan_local(
         job,
         workdir=folder,
+        claims=claims_folder,
         rdzv_port=port,
         metrics_port=metrics_port,
         python=sys.executable,
@@ -272,10 +278,15 @@ def _prepare(plan: LocalPlan) -> None:
 
 
 def run_job(
-    manifest: Mapping[str, Any], *, base_dir: Path, workdir: Optional[Path] = None, stream: TextIO = sys.stdout
+    manifest: Mapping[str, Any],
+    *,
+    base_dir: Path,
+    workdir: Optional[Path] = None,
+    claims: Optional[Path] = None,
+    stream: TextIO = sys.stdout,
 ) -> int:
     """Run the job's workers locally; the exit code is 0 only when it succeeded."""
-    plan_for = planner(manifest, base_dir=base_dir, workdir=workdir)
+    plan_for = planner(manifest, base_dir=base_dir, workdir=workdir, claims=claims)
     plan = plan_for(free_port())
     if importlib.util.find_spec("torch") is None:
         raise LocalRunError("braintrain run needs torch here: pip install 'brain-train[trainer]'")

@@ -8,6 +8,12 @@ the rendezvous on a free local port, and its volumes as folders under the
 job's work directory, with every in-pod mount path rewritten to the local
 folder (in args and env). trainer.yaml is the operator's own, with the
 derived fields (the checkpoint folder, the metrics port) given local values.
+
+A persistent volume claim is a folder named after it in the claims folder
+(`braintrain run --claims`, default `runs/claims/`), outside the job's work
+directory, so, as in a cluster, it outlives the run: another run, with a new
+work directory, that mounts the same claim resumes from its checkpoints
+(README, "What the demo shows").
 """
 
 from __future__ import annotations
@@ -111,19 +117,22 @@ def localize(job: Job, *, base_dir: Path, stdlib: Path) -> Job:
     return replace(job, spec=replace(job.spec, data=data))
 
 
-def _folders(worker: Worker, workdir: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+def _folders(worker: Worker, workdir: Path, claims: Path) -> tuple[dict[str, Path], dict[str, Path]]:
     """(shared, per-pod) local folders of the worker's volumes, by volume name.
 
-    The checkpoint volume is `checkpoints/`, shared by every local pod whatever
-    its kind (a ReadWriteMany claim gives the same in a cluster), so a failed
-    group and a rerun resume from it. ConfigMaps and other claims are shared
-    folders named after the volume; an emptyDir belongs to its pod.
+    A claim is the folder of that name in `claims`. The checkpoint volume
+    without a claim is the work directory's `checkpoints/`, shared by every
+    local pod all the same, so a failed group and a rerun in the same work
+    directory resume from it. ConfigMaps are shared folders named after the
+    volume; an emptyDir belongs to its pod.
     """
     shared, scratch = {}, {}
     for volume in worker.container.volumes:
-        if volume.name == CHECKPOINT_VOLUME:
+        if volume.kind == CLAIM:
+            shared[volume.name] = claims / str(volume.source)
+        elif volume.name == CHECKPOINT_VOLUME:
             shared[volume.name] = workdir / "checkpoints"
-        elif volume.kind in (CONFIG_MAP, CLAIM):
+        elif volume.kind == CONFIG_MAP:
             shared[volume.name] = workdir / volume.name
         else:
             scratch[volume.name] = workdir / "tmp" / worker.name / volume.name
@@ -150,18 +159,19 @@ def plan_local(
     job: Job,
     *,
     workdir: Path,
+    claims: Path,
     rdzv_port: int,
     metrics_port: int,
     python: str,
     cpu_count: int,
 ) -> LocalPlan:
-    """Map the job's workers onto local processes under `workdir` (absolute).
+    """Map the job's workers onto local processes under `workdir` (absolute), its claims under `claims`.
 
     On one machine the rendezvous and rank 0's metrics endpoint need free
     ports (`rdzv_port`, `metrics_port`) instead of the cluster's fixed ones.
     """
     workers = elastic_workers(job)
-    shared, _ = _folders(workers[0], workdir)
+    shared, _ = _folders(workers[0], workdir, claims)
     hosts = _dns_names(job, workers)
     procs = job.spec.nodes * job.spec.nproc_per_node
     progress_file = workdir / "progress.json"
@@ -170,7 +180,7 @@ def plan_local(
 
     local_workers = []
     for worker in workers:
-        _, scratch = _folders(worker, workdir)
+        _, scratch = _folders(worker, workdir, claims)
         folders = {**shared, **scratch}
         mounts = {v.mount_path: folders[v.name] for v in worker.container.volumes}
         env = {name: _rewrite_host(rewrite_path(value, mounts), hosts) for name, value in worker.container.env}

@@ -8,6 +8,7 @@ from typing import Any, Mapping, Optional
 from brain_trainer.contract import PREEMPTED, PREEMPTED_MESSAGE
 
 from .names import REPLICA_INDEX_LABEL
+from .schedulers import gated_by_kueue
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 
@@ -25,6 +26,8 @@ class PodView:
     ready: bool
     terminating: bool
     disrupted: bool
+    # Kueue's admission gate is on: the pod waits for its group to be admitted.
+    gated: bool = False
 
     @property
     def finished(self) -> bool:
@@ -54,6 +57,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         ready=true_condition(status, "Ready") is not None,
         terminating=bool(meta.get("deletionTimestamp")),
         disrupted=is_disruption(pod),
+        gated=gated_by_kueue(pod),
     )
 
 

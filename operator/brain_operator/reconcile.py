@@ -14,17 +14,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
 from .cluster import ClusterClient, ObjectRef
-from .events import Event, compute_events
+from .events import NORMAL, Event, compute_events
 from .job_status import FAILED, SUCCEEDED, JobStatus
+from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
 from .pods import PodView, pod_view
-from .render import render, selector
+from .render import checkpoint_claim_name, render, selector
+from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
+from .spec.model import RETAIN
 from .status import (
     BACKOFF_LIMIT_EXCEEDED,
     DEADLINE_EXCEEDED,
@@ -37,6 +40,7 @@ from .status import (
 )
 
 POD = ("v1", "Pod")
+CONFIG_MAP = ("v1", "ConfigMap")
 PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 
 
@@ -68,6 +72,7 @@ def reconcile(
             for api_version, kind in watched_kinds(job, desired)
             for child in client.list_children(api_version, kind, job.namespace, job.name)
         ]
+        children += kueue_workloads(job, children, client)
         the_plan = plan(job, desired, children, previous, now)
     apply(the_plan, client, manifest)
     return the_plan.status
@@ -94,6 +99,44 @@ def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[
     if job.spec.backend == "elastic":
         kinds.add(POD)
     return sorted(kinds)
+
+
+def kueue_workloads(job: Job, children: Sequence[Mapping[str, Any]], client: ClusterClient) -> list[dict]:
+    """Kueue's Workloads for a job it holds back (none otherwise: a running job costs no call).
+
+    A plain pod group's Workload is named after the group (the job); a
+    PyTorchJob's carries the PyTorchJob's uid in JOB_UID_LABEL.
+    """
+    if not job.spec.scheduling.queue_name:
+        return []
+    if job.spec.backend == "elastic":
+        if not _all_gated(pod_view(c) for c in children if _kind(c) == POD):
+            return []
+        return client.list_objects(*WORKLOAD, job.namespace, field_selector=f"metadata.name={job.name}")
+    held = [c for c in children if _kind(c) == PYTORCHJOB and _kueue_holds(job, c)]
+    return [
+        workload
+        for pytorchjob in held
+        for workload in client.list_objects(
+            *WORKLOAD, job.namespace, label_selector=f"{JOB_UID_LABEL}={(pytorchjob.get('metadata') or {}).get('uid', '')}"
+        )
+    ]
+
+
+def deletion_events(manifest: Mapping[str, Any], defaults: Optional[OperatorDefaults] = None) -> list[Event]:
+    """Events for a deleted job: the checkpoint claim that outlives it, and how to resume from it or free it."""
+    try:
+        job = parse_job(manifest, defaults=defaults)
+    except ConfigError:
+        return []  # an invalid job made no claim
+    claim, ckpt = checkpoint_claim_name(job), job.spec.checkpoint
+    if claim is None or (ckpt.claim_name is None and ckpt.reclaim_policy != RETAIN):
+        return []
+    how = (
+        f"a new job named {job.name} resumes from its newest checkpoint (so does any job naming it in "
+        f"spec.checkpoint.claimName); kubectl delete pvc {claim} -n {job.namespace} frees it"
+    )
+    return [Event(NORMAL, "CheckpointClaimKept", f"checkpoint claim {claim} is kept after the job: {how}")]
 
 
 def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime) -> Plan:
@@ -151,7 +194,10 @@ def _plan_elastic(
     elif policy.suspend:
         pod_plan = _PodPlan(restarts, deletes=list(live))
     else:
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, _deadline_failure(before, policy.active_deadline_seconds, now))
+        # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
+        regroup = [ref for ref in live if ref in wanted and _group_size(existing[ref]) != _group_size(wanted[ref])]
+        failure = _deadline_failure(before, policy.active_deadline_seconds, now)
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, regroup)
     creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
 
     gone = set(pod_plan.deletes)
@@ -172,6 +218,7 @@ def _plan_elastic(
         strategy=resolved_strategy(spec),
         effective_batch_size=effective_batch_size(job),
         selector=selector(job),
+        queued=_kueue_reason(job, existing) if _all_gated(p for ref, p in live.items() if ref not in gone) else None,
     )
     status = elastic_status(before, seen, now)
     return Plan(
@@ -179,6 +226,7 @@ def _plan_elastic(
         status_patch=status_patch(previous, status),
         creates=tuple(creates),
         deletes=tuple(pod_plan.deletes),
+        patches=() if terminal else tuple(_config_patches(desired, existing)),
         events=tuple(compute_events(previous, status, reported)),
     )
 
@@ -190,10 +238,14 @@ def _plan_pods(
     live: Mapping[ObjectRef, PodView],
     restarts: int,
     failure: Optional[Failure],
+    regroup: Sequence[ObjectRef] = (),
 ) -> _PodPlan:
-    """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes."""
+    """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes.
+
+    `regroup` pods are replaced too (deleted now, created once gone), without counting as failures.
+    """
     limit = job.spec.run_policy.backoff_limit
-    surplus = [ref for ref in live if ref not in wanted]
+    surplus = [ref for ref in live if ref not in wanted or ref in regroup]
     failed = [ref for ref, p in live.items() if ref in wanted and p.phase == FAILED]
     counted = [ref for ref in failed if not live[ref].disrupted]
     if failure is None and restarts + len(counted) > limit:
@@ -229,9 +281,9 @@ def _plan_pytorchjob(
     current = existing.get(ref)
     terminal = is_terminal(JobStatus.read(previous))
     creates = [] if terminal else _missing_others(desired, existing)
-    patches = []
+    patches = [] if terminal else _config_patches(desired, existing)
     if current is not None and not terminal:
-        drift = _pytorchjob_drift(current, rendered)
+        drift = _pytorchjob_drift(current, rendered, kueue=bool(job.spec.scheduling.queue_name))
         if drift:
             patches.append((ref, drift))
     status = pytorchjob_status(
@@ -243,6 +295,7 @@ def _plan_pytorchjob(
         effective_batch_size=effective_batch_size(job),
         selector=selector(job),
         now=now,
+        queued=_kueue_reason(job, existing) if current is not None and _kueue_holds(job, current) else None,
     )
     return Plan(
         status=status,
@@ -253,11 +306,23 @@ def _plan_pytorchjob(
     )
 
 
-def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any]) -> dict[str, Any]:
-    """The merge patch carrying a changed suspend flag or replica counts (what a user changes in flight)."""
+def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any], *, kueue: bool) -> dict[str, Any]:
+    """The merge patch carrying what a user changes in flight: suspend, replica counts, the trainer.yaml digest.
+
+    With a Kueue queue, Kueue owns runPolicy.suspend (it creates the
+    PyTorchJob suspended and admits it by unsuspending): the job's own
+    suspend is applied only when it changes (SUSPEND_ANNOTATION records the
+    last one applied). Without one, runPolicy.suspend follows it.
+    """
+    out: dict[str, Any] = {}
     spec: dict[str, Any] = {}
     want_suspend = (rendered["spec"].get("runPolicy") or {}).get("suspend", False)
-    if (current.get("spec", {}).get("runPolicy") or {}).get("suspend", False) != want_suspend:
+    applied = _annotations(current).get(SUSPEND_ANNOTATION)
+    noted = _annotations(rendered)[SUSPEND_ANNOTATION]
+    if applied != noted:
+        out["metadata"] = {"annotations": {SUSPEND_ANNOTATION: noted}}
+    have_suspend = (current.get("spec", {}).get("runPolicy") or {}).get("suspend", False)
+    if (applied != noted if kueue else have_suspend != want_suspend):
         spec["runPolicy"] = {"suspend": want_suspend}
     have = current.get("spec", {}).get("pytorchReplicaSpecs") or {}
     wanted = rendered["spec"]["pytorchReplicaSpecs"]
@@ -266,11 +331,64 @@ def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any]) -
     for role, want in wanted.items():
         if role not in have:
             replicas[role] = want
-        elif have[role].get("replicas") != want["replicas"]:
-            replicas[role] = {"replicas": want["replicas"]}
+            continue
+        change: dict[str, Any] = {}
+        if have[role].get("replicas") != want["replicas"]:
+            change["replicas"] = want["replicas"]
+        digest = _annotations(want["template"])[CONFIG_HASH_ANNOTATION]
+        if _annotations(have[role].get("template") or {}).get(CONFIG_HASH_ANNOTATION) != digest:
+            # Pods the training operator creates from now on carry the new digest.
+            change["template"] = {"metadata": {"annotations": {CONFIG_HASH_ANNOTATION: digest}}}
+        if change:
+            replicas[role] = change
     if replicas:
         spec["pytorchReplicaSpecs"] = replicas
-    return {"spec": spec} if spec else {}
+    if spec:
+        out["spec"] = spec
+    return out
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def _kind(obj: Mapping[str, Any]) -> tuple[str, str]:
+    return obj["apiVersion"], obj["kind"]
+
+
+def _config_patches(desired: Sequence[Mapping[str, Any]], existing: Mapping[ObjectRef, Mapping[str, Any]]) -> list:
+    """trainer.yaml changed by a propagated field (docs/operator.md, "Changing a running job"): patch the ConfigMap."""
+    patches = []
+    for obj in desired:
+        current = existing.get(ObjectRef.of(obj)) if _kind(obj) == CONFIG_MAP else None
+        if current is not None and current.get("data") != obj["data"]:
+            patches.append((ObjectRef.of(obj), {"data": obj["data"]}))
+    return patches
+
+
+def _all_gated(pods: Iterable[PodView]) -> bool:
+    """Kueue holds the whole group back (after a preemption too); one gated replacement pod is a restart."""
+    waiting = [p for p in pods if not p.finished]
+    return bool(waiting) and all(p.gated for p in waiting)
+
+
+def _group_size(pod: Mapping[str, Any]) -> Optional[str]:
+    return _annotations(pod).get(POD_GROUP_COUNT_ANNOTATION)
+
+
+def _kueue_holds(job: Job, pytorchjob: Mapping[str, Any]) -> bool:
+    """A PyTorchJob suspended while its BrainTrainingJob is not: Kueue has not admitted it."""
+    suspended = (pytorchjob.get("spec", {}).get("runPolicy") or {}).get("suspend", False)
+    return bool(job.spec.scheduling.queue_name) and suspended and not job.spec.run_policy.suspend
+
+
+def _kueue_reason(job: Job, existing: Mapping[ObjectRef, Mapping[str, Any]]) -> tuple[str, str]:
+    """Kueue's own reason for holding the job back, from its Workload; a plain one until Kueue has written it."""
+    workloads = [obj for ref, obj in existing.items() if (ref.api_version, ref.kind) == WORKLOAD]
+    return pending_reason(workloads) or (
+        "WaitingForAdmission",
+        f"waiting for Kueue to admit the job in queue {job.spec.scheduling.queue_name}",
+    )
 
 
 def _missing_others(desired: Sequence[Mapping[str, Any]], existing: Mapping[ObjectRef, Any]) -> list[dict]:

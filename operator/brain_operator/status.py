@@ -20,6 +20,7 @@ from .job_status import (
     FAILED,
     PENDING,
     PHASES,
+    QUEUED,
     RESTARTING,
     RUNNING,
     SUCCEEDED,
@@ -40,6 +41,7 @@ __all__ = [
     "INVALID_SPEC",
     "PENDING",
     "PHASES",
+    "QUEUED",
     "RESTARTING",
     "RUNNING",
     "SUCCEEDED",
@@ -86,6 +88,8 @@ class Observation:
     strategy: str
     effective_batch_size: int
     selector: str
+    # (reason, message) while Kueue holds the workers back, as Kueue gives them.
+    queued: Optional[tuple[str, str]] = None
 
 
 def is_terminal(previous: JobStatus) -> bool:
@@ -132,6 +136,8 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
     elif workers.running + workers.succeeded >= seen.min_running:
         # Workers that already finished training count: the others are finishing too.
         phase, reason, message = RUNNING, "WorkersRunning", f"{workers.running}/{seen.desired} workers running"
+    elif seen.queued is not None:
+        phase, (reason, message) = QUEUED, seen.queued
     elif before.phase in (RUNNING, RESTARTING):
         phase, reason, message = RESTARTING, "WaitingForWorkers", f"{workers.running}/{seen.min_running} workers running"
     else:
@@ -171,8 +177,12 @@ def pytorchjob_status(
     effective_batch_size: int,
     selector: str,
     now: datetime,
+    queued: Optional[tuple[str, str]] = None,
 ) -> dict[str, Any]:
-    """The new status of a job delegated to Kubeflow, read from its PyTorchJob's conditions."""
+    """The new status of a job delegated to Kubeflow, read from its PyTorchJob's conditions.
+
+    `queued` (Kueue's reason and message) while Kueue keeps the PyTorchJob suspended.
+    """
     before = JobStatus.read(previous)
     kf_status = (pytorchjob or {}).get("status") or {}
     phase, reason, message, since = PENDING, "PyTorchJobPending", "waiting for the PyTorchJob", None
@@ -182,6 +192,8 @@ def pytorchjob_status(
             phase, reason = ours, found.get("reason") or kf_type
             message, since = found.get("message") or "", found.get("lastTransitionTime")
             break
+    if queued is not None and phase in (PENDING, SUSPENDED):
+        phase, (reason, message), since = QUEUED, queued, None
     restarts = before.restarts
     restarting = before.condition(RESTARTING)
     if phase == RESTARTING and since and since != (restarting.last_transition_time if restarting else None):
@@ -237,7 +249,7 @@ def _moved(
     if phase == SUSPENDED:
         # As for a Kubernetes Job: the deadline clock restarts on resume.
         start_time = None
-    elif phase != PENDING or before.start_time:
+    elif phase not in (PENDING, QUEUED) or before.start_time:
         start_time = before.start_time or reported.get("startTime") or format_time(now)
     completion_time = out.completion_time
     if phase in TERMINAL and not completion_time:

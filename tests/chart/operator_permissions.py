@@ -24,10 +24,18 @@ NAMESPACED: Grants = {
     ("", "pods"): frozenset({"list", "watch", "create", "delete"}),
     # reconcile: list and create, so a deleted child comes back. Never deleted
     # by the operator: owner references garbage-collect them with the job, and
-    # checkpoint claims outlive it.
+    # a retained checkpoint claim outlives it.
     ("", "services"): frozenset({"list", "create"}),
-    ("", "configmaps"): frozenset({"list", "create"}),
     ("", "persistentvolumeclaims"): frozenset({"list", "create"}),
+    # The ConfigMap with trainer.yaml is also patched when a propagated spec field changes.
+    ("", "configmaps"): frozenset({"list", "create", "patch"}),
+    # scheduling.gang: the job's PodGroup (Kubernetes', scheduler-plugins' or Volcano's),
+    # listed and created like the other children, garbage-collected with the job.
+    ("scheduling.k8s.io", "podgroups"): frozenset({"list", "create"}),
+    ("scheduling.x-k8s.io", "podgroups"): frozenset({"list", "create"}),
+    ("scheduling.volcano.sh", "podgroups"): frozenset({"list", "create"}),
+    # ClusterClient.list_objects: Kueue's Workload of a job it holds back, for its reason (read only).
+    ("kueue.x-k8s.io", "workloads"): frozenset({"list"}),
     # kopf's handler events and ours (phase transitions, worker failures): posted only.
     # Core v1 events: kopf posts through the "v1" events resource.
     ("", "events"): frozenset({"create"}),

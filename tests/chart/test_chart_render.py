@@ -378,3 +378,15 @@ def test_the_health_probe_command_works_against_a_real_server(tmp_path):
         assert subprocess.run([sys.executable, flag, code, url], capture_output=True, timeout=60).returncode == 1
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_trainer_pull_secrets_reach_every_job_through_the_operator(version):
+    objects = render_objects({"trainer": {"imagePullSecrets": [{"name": "org-registry"}, {"name": "mirror"}]}})
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
+    assert OperatorDefaults.from_env(_operator_env(objects)).image_pull_secrets == ("org-registry", "mirror")
+    assert OperatorDefaults.from_env(_operator_env(render_objects())).image_pull_secrets == ()
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmValuesError, match="/trainer/imagePullSecrets/0"):
+            chart.render({"trainer": {"imagePullSecrets": ["org-registry"]}}, name="brain", namespace="brain-system")

@@ -113,3 +113,24 @@ def test_rendered_trainer_pods_are_restricted(example: Path, backend):
     assert pods, f"{example.name} rendered no pods"
     for name, spec, annotations in pods:
         assert restricted_violations(spec, annotations) == [], name
+
+
+@pytest.mark.parametrize("backend", ["elastic", "pytorchjob"])
+def test_a_pod_overlay_leaves_the_restricted_profile_only_where_it_asks_to(backend):
+    # shared-cluster.yaml's overlay (secrets, volumes, a native sidecar), plus a plain sidecar and the remaining
+    # pod fields, stays restricted; IPC_LOCK for RDMA and the host's network leave it, each named once per pod.
+    manifest = yaml.safe_load((REPO / "deploy" / "examples" / "shared-cluster.yaml").read_text())
+    manifest["spec"]["backend"] = backend
+    overlay = manifest["spec"]["podTemplate"]["spec"]
+    overlay["containers"].append({"name": "metrics-relay", "image": "example/relay:1", "args": ["--port", "8081"]})
+    overlay.update(automountServiceAccountToken=True, dnsPolicy="Default", runtimeClassName="nvidia")
+    trainer = "trainer" if backend == "elastic" else "pytorch"
+    for name, spec, annotations in _pod_specs(render(parse_job(manifest, defaults=DEFAULTS))):
+        assert restricted_violations(spec, annotations) == [], name
+    overlay["containers"][0]["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    overlay["hostNetwork"] = True
+    for name, spec, annotations in _pod_specs(render(parse_job(manifest, defaults=DEFAULTS))):
+        assert restricted_violations(spec, annotations) == [
+            "spec.hostNetwork: must be unset or false",
+            f"containers[{trainer}].securityContext.capabilities.add: ['IPC_LOCK'] not allowed",
+        ], name

@@ -8,6 +8,7 @@ import pytest
 import yaml
 from brain_operator.cluster import ClusterClient
 from brain_operator.render import render
+from brain_operator.schedulers import GANG_MODES
 from brain_operator.spec import OperatorDefaults, parse_job
 from chart_render import RELEASE_NAMESPACE, REPO, render_objects
 
@@ -178,16 +179,23 @@ def test_every_resource_kopf_serves_is_listed_watched_and_patched_when_handled()
         _needs(key, "patch")
 
 
+VARIANTS = [("elastic", gang) for gang in GANG_MODES] + [("pytorchjob", "none")]
+
+
 def test_every_kind_the_renderers_make_can_be_listed_and_created():
     rendered = set()
     for example in EXAMPLES:
-        for backend in ("elastic", "pytorchjob"):
+        for backend, gang in VARIANTS:
             manifest = yaml.safe_load(example.read_text())
             manifest["spec"]["backend"] = backend
+            manifest["spec"].setdefault("scheduling", {})["gang"] = gang
             manifest["metadata"]["uid"] = "0f0e0d0c-0000-4000-8000-000000000001"  # as the API server sets it
             job = parse_job(manifest, defaults=OperatorDefaults(image="brain-train/trainer:dev"))
             rendered |= {(obj["apiVersion"].rpartition("/")[0], f"{obj['kind'].lower()}s") for obj in render(job)}
     assert ("", "pods") in rendered and ("kubeflow.org", "pytorchjobs") in rendered
+    assert {group for group, resource in rendered if resource == "podgroups"} == {
+        "scheduling.k8s.io", "scheduling.x-k8s.io", "scheduling.volcano.sh"
+    }
     for key in rendered:
         _needs(key, "list", "create")
     # Nothing granted for a kind the operator never makes (jobs and events aside;
@@ -195,18 +203,25 @@ def test_every_kind_the_renderers_make_can_be_listed_and_created():
     assert any(ref.get("blockOwnerDeletion") for obj in render(job) for ref in obj["metadata"].get("ownerReferences", []))
     made_or_served = rendered | {
         ("brain.ai", "braintrainingjobs"), ("brain.ai", "braintrainingjobs/status"),
-        ("brain.ai", "braintrainingjobs/finalizers"), ("", "events"),
+        ("brain.ai", "braintrainingjobs/finalizers"), ("", "events"), ("kueue.x-k8s.io", "workloads"),
     }
     assert set(NAMESPACED_GRANTS) == made_or_served
 
 
 def test_the_cluster_client_still_makes_only_the_calls_the_allow_list_covers():
     # get_job -> get jobs; list_children/create -> list/create children; delete -> delete pods;
-    # patch -> patch pytorchjobs; patch_status -> patch jobs/status; post_event -> create events.
-    # A new call needs a new grant.
+    # patch -> patch pytorchjobs and configmaps; patch_status -> patch jobs/status; post_event ->
+    # create events; list_objects -> list Kueue's workloads. A new call needs a new grant.
     calls = {name for name in vars(ClusterClient) if not name.startswith("_")}
-    assert calls == {"get_job", "list_children", "create", "delete", "patch", "patch_status", "post_event"}
+    assert calls == {"get_job", "list_children", "list_objects", "create", "delete", "patch", "patch_status", "post_event"}
     _needs(("brain.ai", "braintrainingjobs"), "get")
     _needs(("brain.ai", "braintrainingjobs/status"), "patch")
     _needs(("", "pods"), "delete")
     _needs(("kubeflow.org", "pytorchjobs"), "patch")
+    _needs(("", "configmaps"), "patch")
+    _needs(("kueue.x-k8s.io", "workloads"), "list")
+
+
+def test_nothing_the_operator_patches_is_a_pod_so_no_scheduling_gate_can_be_ours():
+    # Kueue's webhook adds the admission gate and Kueue removes it: patching pods is not granted at all.
+    assert "patch" not in NAMESPACED_GRANTS[("", "pods")] and "update" not in NAMESPACED_GRANTS[("", "pods")]

@@ -23,6 +23,8 @@ from brain_trainer.checkpoint.store import list_checkpoints
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-minimal.yaml"
 BRAINTRAIN = Path(sys.executable).with_name("braintrain")
 STEPS = 20
+# The example's volumeClaimTemplate makes the claim <job>-checkpoints: locally, a folder of the claims folder.
+CLAIM = "local-minimal-checkpoints"
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,9 +37,14 @@ def write_job(path: Path, steps: int = STEPS) -> Path:
     return path
 
 
+def claim_of(workdir: Path) -> Path:
+    """The checkpoint claim's folder of a run in `workdir`: every run beside it shares it."""
+    return workdir.parent / "claims" / CLAIM
+
+
 def start(job: Path, workdir: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [BRAINTRAIN, "run", job, "--workdir", workdir],
+        [BRAINTRAIN, "run", job, "--workdir", workdir, "--claims", workdir.parent / "claims"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -64,7 +71,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def committed_steps(workdir: Path) -> list[int]:
-    return sorted(c.step for c in list_checkpoints(workdir / "checkpoints") if c.manifest is not None)
+    return sorted(c.step for c in list_checkpoints(claim_of(workdir)) if c.manifest is not None)
 
 
 def progress_step(workdir: Path) -> int:
@@ -124,7 +131,7 @@ def test_the_job_succeeds_with_a_falling_loss_and_committed_checkpoints(referenc
     final, first = fields["final loss"].replace(")", "").split(" (first logged: ")
     assert float(final) < 0.8 * float(first)
     assert committed_steps(workdir)[-1] == STEPS
-    assert fields["checkpoint"] == str(workdir / "checkpoints" / f"step-{STEPS:08d}")
+    assert fields["checkpoint"] == str(claim_of(workdir) / f"step-{STEPS:08d}")
     # The workers' output is labelled with its pod's name.
     trainer_lines = [line for line in out.splitlines() if " brain_trainer." in line]
     assert trainer_lines and all(line.startswith("[local-minimal-worker-0] ") for line in trainer_lines)
@@ -159,25 +166,26 @@ def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(r
     scratch = tmp_path / "weights"
     scratch.mkdir()
     final = f"step-{STEPS:08d}"
-    ours = model_weights(workdir / "checkpoints" / final, scratch)
-    theirs = model_weights(reference_dir / "checkpoints" / final, scratch)
+    ours = model_weights(claim_of(workdir) / final, scratch)
+    theirs = model_weights(claim_of(reference_dir) / final, scratch)
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name
 
 
-def test_a_finished_job_is_complete_and_more_steps_continue_from_its_checkpoint(reference):
+def test_a_finished_job_is_complete_and_a_new_run_on_the_same_claim_continues(reference):
     job, workdir, code, _ = reference
     assert code == 0
     before = committed_steps(workdir)
     code, out = finish(start(job, workdir))
     assert code == 0
-    assert f"local-minimal is already complete: {workdir / 'checkpoints' / f'step-{STEPS:08d}'} holds step {STEPS}" in out
+    assert f"local-minimal is already complete: {claim_of(workdir) / f'step-{STEPS:08d}'} holds step {STEPS}" in out
     assert "[local-minimal-worker" not in out and committed_steps(workdir) == before
 
-    more = STEPS + 5
-    code, out = finish(start(write_job(job, steps=more), workdir))
+    # A new work directory (a recreated job), the same claim: it resumes from the claim's checkpoint.
+    more, elsewhere = STEPS + 5, workdir.parent / "recreated"
+    code, out = finish(start(write_job(job, steps=more), elsewhere))
     assert code == 0, out
-    assert f"resuming local-minimal from {workdir / 'checkpoints' / f'step-{STEPS:08d}'} (step {STEPS} of {more})" in out
-    assert "starting from scratch" not in out
+    assert f"resuming local-minimal from {claim_of(elsewhere) / f'step-{STEPS:08d}'} (step {STEPS} of {more})" in out
+    assert claim_of(elsewhere) == claim_of(workdir) and not (elsewhere / "checkpoints").exists()
     assert summary(out)["steps"] == f"{more}/{more}" and committed_steps(workdir)[-1] == more

@@ -3,8 +3,11 @@
 It keeps objects in a dict, answers create/list/delete/patch as the API
 server would for these calls (409 on a duplicate name, 404 ignored on
 delete, JSON merge patch), and records every write so a test can assert that
-a second reconcile wrote nothing. Helpers let a test play the kubelet:
-move a pod to Running, Failed, evicted or Succeeded.
+a second reconcile wrote nothing. Helpers let a test play the kubelet
+(move a pod to Running, Failed, evicted or Succeeded), the garbage collector
+(`delete_job` removes what the job owns) and, with `kueue=True`, Kueue: its
+webhooks gate every queued pod and suspend every queued PyTorchJob on
+creation, and `admit` lifts both, as Kueue's controller does.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Mapping, Optional
 from brain_operator.cluster import ObjectRef
 from brain_operator.events import Event
 from brain_operator.names import JOB_NAME_LABEL
+from brain_operator.schedulers import ADMISSION_GATE, QUEUE_LABEL
 from brain_operator.spec import API_VERSION, KIND
 
 
@@ -33,7 +37,8 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 
 class FakeCluster:
-    def __init__(self, *, graceful_pod_deletion: bool = False) -> None:
+    def __init__(self, *, graceful_pod_deletion: bool = False, kueue: bool = False) -> None:
+        self.kueue = kueue
         self.objects: dict[ObjectRef, dict] = {}
         self.writes: list[tuple[str, ObjectRef]] = []
         self.events: list[tuple[str, Event]] = []
@@ -53,11 +58,25 @@ class FakeCluster:
         # A test may delete objects behind the client's back: skip refs no longer stored.
         return [copy.deepcopy(self.objects[ref]) for ref in sorted(refs) if ref in self.objects]
 
+    def list_objects(self, api_version, kind, namespace, *, label_selector="", field_selector=""):
+        wanted = dict(pair.split("=", 1) for pair in (label_selector or field_selector).split(",") if pair)
+        out = []
+        for ref, obj in sorted(self.objects.items()):
+            if (ref.api_version, ref.kind, ref.namespace) != (api_version, kind, namespace):
+                continue
+            meta = obj["metadata"]
+            fields = {"metadata.name": meta["name"]} if field_selector else meta.get("labels") or {}
+            if all(fields.get(k) == v for k, v in wanted.items()):
+                out.append(copy.deepcopy(obj))
+        return out
+
     def create(self, obj: Mapping[str, Any]) -> bool:
         ref = ObjectRef.of(obj)
         if ref in self.objects:
             return False
         stored = copy.deepcopy(dict(obj))
+        if self.kueue and QUEUE_LABEL in (stored["metadata"].get("labels") or {}):
+            self._kueue_webhook(stored)
         stored["metadata"].setdefault("uid", f"uid-{next(self._uids)}")
         stored["metadata"].setdefault("generation", 1)
         if ref.kind == "Pod":
@@ -91,7 +110,38 @@ class FakeCluster:
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         self.events.append((job["metadata"]["name"], event))
 
-    # -- the test's side: the user and the kubelet -------------------------
+    # -- the test's side: the user, the kubelet, the garbage collector, Kueue --
+    def _kueue_webhook(self, obj: dict) -> None:
+        if obj["kind"] == "Pod":
+            obj["spec"].setdefault("schedulingGates", []).append({"name": ADMISSION_GATE})
+            obj["metadata"].setdefault("finalizers", []).append("kueue.x-k8s.io/managed")
+            obj["metadata"]["labels"]["kueue.x-k8s.io/managed"] = "true"
+        elif obj["kind"] == "PyTorchJob":
+            obj["spec"].setdefault("runPolicy", {})["suspend"] = True
+
+    def admit(self, namespace: str = "default") -> None:
+        """Kueue admits everything queued: ungates the pods, unsuspends the PyTorchJobs."""
+        for ref, obj in self.objects.items():
+            if ref.namespace != namespace:
+                continue
+            if ref.kind == "Pod":
+                gates = [g for g in obj["spec"].get("schedulingGates", []) if g["name"] != ADMISSION_GATE]
+                obj["spec"]["schedulingGates"] = gates
+            elif ref.kind == "PyTorchJob":
+                obj["spec"]["runPolicy"]["suspend"] = False
+
+    def put(self, obj: Mapping[str, Any]) -> None:
+        """An object another controller made (a Kueue Workload)."""
+        self.objects[ObjectRef.of(obj)] = copy.deepcopy(dict(obj))
+
+    def delete_job(self, name: str, namespace: str = "default") -> dict:
+        """kubectl delete btj: the job goes, and the garbage collector takes everything it owns."""
+        job = self.objects.pop(ObjectRef(API_VERSION, KIND, namespace, name))
+        uid = job["metadata"]["uid"]
+        for ref in [r for r, o in self.objects.items() if any(w.get("uid") == uid for w in o["metadata"].get("ownerReferences", []))]:
+            del self.objects[ref]
+        return job
+
     def apply_job(self, manifest: Mapping[str, Any]) -> dict:
         """kubectl apply: store or update the job, bumping generation when the spec changes."""
         ref = ObjectRef.of(manifest)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import yaml
 
 from brain_operator import crd
 from brain_operator.progress import progress_status
-from brain_operator.spec import API_SERVER_RULES, ConfigError, parse_job
+from brain_operator.spec import API_SERVER_RULES, TRANSITION_RULES, ConfigError, parse_job
+from brain_operator.spec.edits import immutable_fields, propagated_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = crd.build_crd()
@@ -39,6 +41,7 @@ def test_check_mode_detects_drift(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(crd, "ROOT", tmp_path)
     monkeypatch.setattr(crd, "DOCS_PATH", tmp_path / "docs" / "crd.md")
     monkeypatch.setattr(crd, "CHART_CRD_PATH", tmp_path / "chart" / "crd.yaml")
+    monkeypatch.setattr(crd.corev1, "SCHEMA_FILE", tmp_path / "corev1.json")
     assert crd.main(["--check"]) == 1
     assert "crd.yaml is stale" in capsys.readouterr().err
     assert crd.main([]) == 0
@@ -159,7 +162,8 @@ def cel_errors(spec):
 
 
 def test_rules_are_on_the_spec_schema():
-    assert [r["rule"] for r in SCHEMA["properties"]["spec"]["x-kubernetes-validations"]] == [r for r, _ in API_SERVER_RULES]
+    rules = [(r["rule"], r["message"]) for r in SCHEMA["properties"]["spec"]["x-kubernetes-validations"]]
+    assert rules == [*API_SERVER_RULES, *TRANSITION_RULES]
 
 
 @pytest.mark.parametrize(
@@ -190,3 +194,82 @@ def test_cel_rules_agree_with_the_parser(spec):
 def test_examples_pass_the_cel_rules():
     for path in sorted((ROOT / "deploy" / "examples").glob("*.yaml")):
         assert cel_errors(yaml.safe_load(path.read_text())["spec"]) == [], path.name
+
+
+# ---- transition rules: fields that cannot change in flight (spec/edits.py) ----
+
+_TRANSITIONS = [(_CEL.program(_CEL.compile(rule)), message) for rule, message in TRANSITION_RULES]
+# A changed value for each immutable section (scalars get one from their type and default).
+SECTION_CHANGES = {
+    "model": {"preset": "1b"},
+    "distributed": {"strategy": "ddp"},
+    "data": {"numWorkers": 2},
+    "elastic": {"maxRestarts": 5},
+    "resources": {"limits": {"cpu": 2}},
+    "checkpoint.volumeClaimTemplate": {"storage": "1Gi"},
+    "nccl": {"debug": "INFO"},
+    "scheduling": {"queueName": "q"},
+    "podTemplate": {"metadata": {"labels": {"team": "a"}}},
+}
+
+
+def transition_errors(old, new):
+    return [
+        message for program, message in _TRANSITIONS
+        if not program.evaluate({"self": celpy.json_to_cel(new), "oldSelf": celpy.json_to_cel(old)})
+    ]
+
+
+def _changed(keys, f):
+    path = ".".join(keys)
+    if path in SECTION_CHANGES:
+        return SECTION_CHANGES[path]
+    default = None if f.default is dataclasses.MISSING else f.default
+    if f.metadata.get("choices"):
+        return next(c for c in f.metadata["choices"] if c != default)
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, (int, float)):
+        return default * 2 + 1
+    return 8 if "Size" in path else "other"
+
+
+def _nested(keys, value):
+    out = value
+    for key in reversed(keys):
+        out = {key: out}
+    return out
+
+
+IMMUTABLE = [(keys, _changed(keys, f)) for keys, f in immutable_fields()]
+
+
+@pytest.mark.parametrize(("keys", "value"), IMMUTABLE, ids=[".".join(k) for k, _ in IMMUTABLE])
+def test_each_immutable_field_is_refused_by_its_own_rule_naming_it(keys, value):
+    spec = _nested(keys, value)
+    expected = [f"spec.{'.'.join(keys)} cannot change while the job exists: delete the job and create it again "
+                "(a retained checkpoint claim resumes it)"]
+    assert transition_errors({}, spec) == expected  # set where it was not
+    assert transition_errors(spec, {}) == expected  # removed
+    assert transition_errors(spec, spec) == []
+
+
+def test_propagated_fields_and_written_out_defaults_pass_every_rule():
+    assert propagated_fields() == [
+        "spec.nodes", "spec.runPolicy", "spec.training.steps", "spec.training.logInterval",
+        "spec.checkpoint.intervalSteps", "spec.checkpoint.keepLast",
+    ]
+    old = {"image": "i", "nodes": 2, "training": {"steps": 100, "microBatchSize": 4}, "checkpoint": {"claimName": "c"}}
+    new = {
+        "image": "i", "nodes": 3, "runPolicy": {"suspend": True, "backoffLimit": 9, "activeDeadlineSeconds": 60},
+        "training": {"steps": 500, "logInterval": 1, "microBatchSize": 4},
+        "checkpoint": {"claimName": "c", "intervalSteps": 10, "keepLast": 1},
+    }
+    assert transition_errors(old, new) == []
+    defaults = {**old, "backend": "elastic", "training": {**old["training"], "seqLen": 128, "learningRate": 0.0003},
+                "checkpoint": {**old["checkpoint"], "async": True, "reclaimPolicy": "Retain"}}
+    assert transition_errors(old, defaults) == []
+    assert transition_errors(old, {**old, "training": {"steps": 100, "microBatchSize": 8}}) == [
+        "spec.training.microBatchSize cannot change while the job exists: delete the job and create it again "
+        "(a retained checkpoint claim resumes it)"
+    ]

@@ -15,6 +15,9 @@ from brain_operator.spec import parse_job, trainer_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-minimal.yaml"
 WORKDIR = Path("/work/runs/demo")
+CLAIMS = Path("/work/runs/claims")
+# The example's volumeClaimTemplate makes the claim <job>-checkpoints.
+CLAIM = CLAIMS / "local-minimal-checkpoints"
 PYTHON = "/venv/bin/python"
 
 
@@ -26,7 +29,7 @@ def manifest(**spec_changes):
 
 def plan(**spec_changes):
     job = parse_job(manifest(**spec_changes), require_image=False)
-    return plan_local(job, workdir=WORKDIR, rdzv_port=41234, metrics_port=41235, python=PYTHON, cpu_count=8)
+    return plan_local(job, workdir=WORKDIR, claims=CLAIMS, rdzv_port=41234, metrics_port=41235, python=PYTHON, cpu_count=8)
 
 
 def local_trainer_yaml(p):
@@ -77,10 +80,10 @@ def test_no_in_pod_path_or_cluster_dns_name_survives():
     assert ".local-minimal-workers" not in text
 
 
-def test_volumes_become_folders_under_the_workdir():
+def test_volumes_become_folders_under_the_workdir_and_claims_under_the_claims_folder():
     p = plan()
-    assert p.checkpoint_dir == WORKDIR / "checkpoints"
-    assert p.dirs == [WORKDIR / "checkpoints", WORKDIR / "config"]
+    assert p.checkpoint_dir == CLAIM
+    assert p.dirs == [CLAIM, WORKDIR / "config"]
     assert p.workers[1].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-1" / "dshm"]
     assert p.progress_file == WORKDIR / "progress.json"
     assert all(w.env["BRAIN_PROGRESS_FILE"] == str(p.progress_file) for w in p.workers)
@@ -90,7 +93,7 @@ def test_trainer_yaml_is_the_rendered_one_with_local_paths_and_port():
     job = parse_job(manifest(), require_image=False)
     expected = trainer_config(job).to_dict()
     local = local_trainer_yaml(plan())
-    assert local["checkpoint"]["dir"] == str(WORKDIR / "checkpoints")
+    assert local["checkpoint"]["dir"] == str(CLAIM)
     assert local["metrics"]["port"] == 41235
     expected["checkpoint"]["dir"] = local["checkpoint"]["dir"]
     expected["metrics"]["port"] = 41235
@@ -104,6 +107,12 @@ def test_checkpoints_are_shared_even_when_the_cluster_would_use_pod_scratch():
     assert p.checkpoint_dir == WORKDIR / "checkpoints"
     assert local_trainer_yaml(p)["checkpoint"]["dir"] == str(WORKDIR / "checkpoints")
     assert p.workers[0].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-0" / "dshm"]
+
+
+def test_a_named_claim_is_the_folder_of_that_name_in_the_claims_folder():
+    p = plan(checkpoint={"claimName": "shared-ckpt"})
+    assert p.checkpoint_dir == CLAIMS / "shared-ckpt"
+    assert local_trainer_yaml(p)["checkpoint"]["dir"] == str(CLAIMS / "shared-ckpt")
 
 
 def test_steps_name_and_budget_come_through():

@@ -23,7 +23,7 @@ def manifest(**spec):
             "nprocPerNode": 2,
             "checkpoint": {"volumeClaimTemplate": {"accessModes": ["ReadWriteMany"]}},
             "nccl": {"debug": "WARN"},
-            "scheduling": {"queueName": "q1", "priorityClassName": "high"},
+            "scheduling": {"queueName": "q1", "volcanoQueue": "vq", "priorityClassName": "high"},
             "runPolicy": {"backoffLimit": 4, "activeDeadlineSeconds": 3600, "ttlSecondsAfterFinished": 60, "suspend": True},
             **spec,
         },
@@ -59,7 +59,9 @@ def test_fixed_size_job_is_master_plus_workers():
     assert model.spec.elastic_policy is None
     run = model.spec.run_policy
     assert (run.backoff_limit, run.active_deadline_seconds, run.ttl_seconds_after_finished, run.suspend) == (4, 3600, 60, True)
-    assert (run.scheduling_policy.queue, run.scheduling_policy.priority_class) == ("q1", "high")
+    # The Kueue queue is only the label; Kubeflow's schedulingPolicy.queue is Volcano's, a field of its own.
+    assert (run.scheduling_policy.queue, run.scheduling_policy.priority_class) == ("vq", "high")
+    assert model.metadata.annotations["brain.ai/suspend"] == "true"
     for role in ("Master", "Worker"):
         pod = specs[role].template.spec
         (c,) = pod.containers

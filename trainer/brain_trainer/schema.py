@@ -76,11 +76,15 @@ def setting(
     help: str = "",
     key: str | None = None,
     derived: bool = False,
+    schema: dict | None = None,
 ) -> Any:
     """A dataclass field with the constraints that validation and the CRD share.
 
     `key` overrides the dict key (e.g. `async`, a Python keyword); `derived`
-    keeps the field out of the manifest view (the operator sets it).
+    keeps the field out of the manifest view (the operator sets it); `schema`
+    is the OpenAPI schema of a value this module cannot describe from its type
+    (a Kubernetes core/v1 object), used verbatim by `openapi_schema` (the
+    owning class's `check` validates the value against it).
     """
     meta = {
         "choices": choices,
@@ -91,6 +95,7 @@ def setting(
         "help": help,
         "key": key,
         "derived": derived,
+        "schema": schema,
     }
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
@@ -379,8 +384,8 @@ def openapi_schema(cls: type, *, camel_case: bool = True) -> dict:
         if not in_view(f, camel_case):
             continue
         key = key_for(f, camel_case)
-        schema = _type_schema(hints[f.name], camel_case)
         m = f.metadata
+        schema = dict(m["schema"]) if m.get("schema") else _type_schema(hints[f.name], camel_case)
         if m.get("help"):
             schema = {"description": m["help"], **schema}
         if m.get("choices"):

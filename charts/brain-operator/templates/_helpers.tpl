@@ -106,10 +106,23 @@ holds the same list, derived from what brain_operator calls; a test keeps the tw
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
 # Per-job children (headless Service, trainer.yaml ConfigMap, checkpoint claim):
-# recreated when missing, garbage-collected through owner references.
+# recreated when missing, garbage-collected through owner references (a
+# retained checkpoint claim is not: it outlives the job).
 - apiGroups: [""]
-  resources: ["services", "configmaps", "persistentvolumeclaims"]
+  resources: ["services", "persistentvolumeclaims"]
   verbs: ["list", "create"]
+# trainer.yaml: patched when a propagated spec field changes.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["list", "create", "patch"]
+# Gang scheduling (spec.scheduling.gang): one PodGroup per job, owned by it.
+- apiGroups: ["scheduling.k8s.io", "scheduling.x-k8s.io", "scheduling.volcano.sh"]
+  resources: ["podgroups"]
+  verbs: ["list", "create"]
+# Kueue's reason for holding a queued job back, read from its Workload.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list"]
 # Events on jobs: phase transitions, worker failures, kopf's handler progress.
 - apiGroups: [""]
   resources: ["events"]
@@ -133,4 +146,6 @@ brain_operator.spec.OperatorDefaults.from_env reads.
   value: {{ .Values.trainer.imagePullPolicy | quote }}
 - name: BRAIN_NCCL_ENV
   value: {{ .Values.trainer.ncclEnv | toJson | quote }}
+- name: BRAIN_TRAINER_IMAGE_PULL_SECRETS
+  value: {{ .Values.trainer.imagePullSecrets | toJson | quote }}
 {{- end }}

@@ -2,6 +2,8 @@
 
     workers     the typed worker plan (also what the local runner starts)
     common      labels, metadata, ConfigMap, checkpoint PVC, the pod spec
+    overlay     the job's pod overlay (spec.podTemplate) merged into each worker pod
+    gangs       the PodGroup of a gang-scheduled elastic job, and each pod's link to it
     elastic     the default backend: headless Service + one pod per node
     pytorchjob  the Kubeflow backend
 """
@@ -12,8 +14,10 @@ from typing import Any
 
 from ..names import JOB_NAME_LABEL, REPLICA_INDEX_LABEL
 from ..spec import Job
-from .common import QUEUE_LABEL, build_checkpoint_claim, build_config_map, selector, selector_labels
+from ..schedulers import QUEUE_LABEL
+from .common import build_checkpoint_claim, build_config_map, config_hash, selector, selector_labels
 from .elastic import build_service, build_worker_pod, render_elastic
+from .gangs import build_pod_group
 from .pytorchjob import build_pytorchjob, render_pytorchjob
 from .workers import CONFIG_PATH, checkpoint_claim_name, elastic_worker, elastic_workers
 
@@ -37,6 +41,8 @@ __all__ = [
     "build_worker_pod",
     "build_config_map",
     "build_checkpoint_claim",
+    "build_pod_group",
+    "config_hash",
     "build_pytorchjob",
     "checkpoint_claim_name",
     "elastic_worker",

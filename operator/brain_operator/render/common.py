@@ -6,12 +6,16 @@ Pure: a parsed Job (and its typed worker plan, render/workers.py) in, plain mani
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any, Optional
 
 from brain_trainer.contract import CONFIG_FILE, METRICS_PATH, METRICS_PORT
 
-from ..names import JOB_NAME_LABEL, MANAGED_BY, config_map_name, label_selector
+from ..names import CONFIG_HASH_ANNOTATION, JOB_NAME_LABEL, MANAGED_BY, config_map_name, label_selector
+from ..schedulers import QUEUE_LABEL
 from ..spec import API_VERSION, KIND, Job, trainer_config
+from ..spec.model import DELETE
+from .overlay import apply_overlay, with_annotations
 from .workers import (
     CLAIM,
     CONFIG_MAP,
@@ -21,7 +25,6 @@ from .workers import (
     checkpoint_claim_name,
 )
 
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Non-root numeric IDs, so runAsNonRoot is verifiable without inspecting the image.
 RUN_AS_USER = 1000
 
@@ -65,15 +68,31 @@ def owner_references(job: Job) -> list[dict[str, Any]]:
 
 
 def metadata(
-    job: Job, name: str, labels: Optional[dict[str, str]] = None, annotations: Optional[dict[str, str]] = None
+    job: Job,
+    name: str,
+    labels: Optional[dict[str, str]] = None,
+    annotations: Optional[dict[str, str]] = None,
+    *,
+    owned: bool = True,
 ) -> dict[str, Any]:
+    """A child's metadata; `owned=False` leaves out the owner reference, so the child outlives the job."""
     meta: dict[str, Any] = {"name": name, "namespace": job.namespace, "labels": labels or job_labels(job)}
     if annotations:
         meta["annotations"] = annotations
-    owners = owner_references(job)
+    owners = owner_references(job) if owned else []
     if owners:
         meta["ownerReferences"] = owners
     return meta
+
+
+def config_text(job: Job) -> str:
+    """trainer.yaml as the ConfigMap holds it."""
+    return trainer_config(job).to_yaml()
+
+
+def config_hash(text: str) -> str:
+    """The digest pods carry in CONFIG_HASH_ANNOTATION: which trainer.yaml they were made with."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def build_config_map(job: Job) -> dict[str, Any]:
@@ -82,12 +101,15 @@ def build_config_map(job: Job) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(job, config_map_name(job.name)),
-        "data": {CONFIG_FILE: trainer_config(job).to_yaml()},
+        "data": {CONFIG_FILE: config_text(job)},
     }
 
 
 def build_checkpoint_claim(job: Job) -> Optional[dict[str, Any]]:
-    """`<name>-checkpoints` from volumeClaimTemplate; None when the job names an existing claim or has none."""
+    """`<name>-checkpoints` from volumeClaimTemplate; None when the job names an existing claim or has none.
+
+    Labelled with the job's name; owned by the job (so deleted with it) only under `reclaimPolicy: Delete`.
+    """
     template = job.spec.checkpoint.volume_claim_template
     if template is None:
         return None
@@ -100,14 +122,22 @@ def build_checkpoint_claim(job: Job) -> Optional[dict[str, Any]]:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": metadata(job, checkpoint_claim_name(job)),
+        "metadata": metadata(job, checkpoint_claim_name(job), owned=job.spec.checkpoint.reclaim_policy == DELETE),
         "spec": spec,
     }
 
 
-def pod_annotations() -> dict[str, str]:
-    """Prometheus scrape annotations for rank 0's endpoint."""
-    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT), "prometheus.io/path": METRICS_PATH}
+def pod_annotations(job: Job) -> dict[str, str]:
+    """The overlay's annotations, Prometheus scrape annotations for rank 0's endpoint, and the trainer.yaml digest."""
+    return with_annotations(
+        job,
+        {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(METRICS_PORT),
+            "prometheus.io/path": METRICS_PATH,
+            CONFIG_HASH_ANNOTATION: config_hash(config_text(job)),
+        },
+    )
 
 
 def container(job: Job, name: str, planned: Container) -> dict[str, Any]:
@@ -150,7 +180,8 @@ def _volume_source(kind: str, source: Optional[str]) -> dict[str, Any]:
 
 
 def pod_spec(job: Job, container_name: str, planned: Container, restart_policy: str) -> dict[str, Any]:
-    """A worker's pod spec: restricted security, no API token, scheduling fields, a grace period to checkpoint."""
+    """A worker's pod spec: restricted security, no API token, scheduling fields, a grace period to checkpoint,
+    then the job's pod overlay."""
     sched = job.spec.scheduling
     spec: dict[str, Any] = {
         "restartPolicy": restart_policy,
@@ -177,4 +208,4 @@ def pod_spec(job: Job, container_name: str, planned: Container, restart_policy: 
         spec["priorityClassName"] = sched.priority_class_name
     if sched.scheduler_name:
         spec["schedulerName"] = sched.scheduler_name
-    return spec
+    return apply_overlay(job, spec, container_name)

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..names import REPLICA_INDEX_LABEL, workers_service_name
+from ..schedulers import POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL
 from ..spec import Job
+from ..spec.owned import TRAINER_CONTAINER
 from .common import (
     build_checkpoint_claim,
     build_config_map,
@@ -19,13 +21,13 @@ from .common import (
     selector_labels,
     workload_labels,
 )
+from .gangs import build_pod_group, join_pod_group
+from .overlay import with_labels
 from .workers import RDZV_PORT, RDZV_PORT_NAME, elastic_worker
 
-CONTAINER_NAME = "trainer"
+CONTAINER_NAME = TRAINER_CONTAINER
 # The operator, not the kubelet, replaces failed pods: it counts them against runPolicy.backoffLimit.
 RESTART_POLICY = "Never"
-KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-KUEUE_POD_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
 
 
 def build_service(job: Job) -> dict[str, Any]:
@@ -44,23 +46,28 @@ def build_service(job: Job) -> dict[str, Any]:
 
 
 def build_worker_pod(job: Job, index: int) -> dict[str, Any]:
-    """Worker pod `<name>-worker-<index>`, from the worker plan."""
+    """Worker pod `<name>-worker-<index>`, from the worker plan.
+
+    With a Kueue queue the workers form one plain pod group (named after the
+    job, sized spec.nodes) that Kueue admits at once; its webhook gates each
+    pod and Kueue ungates them, so a replacement pod rejoins the group as is.
+    """
     worker = elastic_worker(job, index)
-    labels = {**workload_labels(job), REPLICA_INDEX_LABEL: str(index)}
-    annotations = pod_annotations()
+    labels = with_labels(job, {**workload_labels(job), REPLICA_INDEX_LABEL: str(index)})
+    annotations = pod_annotations(job)
     if job.spec.scheduling.queue_name:
-        # Kueue admits the workers as one gang.
-        labels[KUEUE_POD_GROUP_LABEL] = job.name
-        annotations[KUEUE_POD_GROUP_COUNT] = str(job.spec.nodes)
+        labels[POD_GROUP_LABEL] = job.name
+        annotations[POD_GROUP_COUNT_ANNOTATION] = str(job.spec.nodes)
     spec = pod_spec(job, CONTAINER_NAME, worker.container, RESTART_POLICY)
     spec["hostname"] = worker.name
     spec["subdomain"] = workers_service_name(job.name)
+    join_pod_group(job, labels, annotations, spec)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata(job, worker.name, labels, annotations), "spec": spec}
 
 
 def render_elastic(job: Job) -> list[dict[str, Any]]:
-    """Service, ConfigMap, PVC (when templated) and one pod per node."""
-    claim = build_checkpoint_claim(job)
-    objects = [build_service(job), build_config_map(job), *([claim] if claim else [])]
+    """Service, ConfigMap, PVC (when templated), the PodGroup (gang scheduling) and one pod per node."""
+    extras = [build_checkpoint_claim(job), build_pod_group(job)]
+    objects = [build_service(job), build_config_map(job), *filter(None, extras)]
     objects.extend(build_worker_pod(job, i) for i in range(job.spec.nodes))
     return objects

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..names import SUSPEND_ANNOTATION
 from ..spec import Job, is_elastic, node_range
+from ..spec.owned import PYTORCHJOB_CONTAINER
 from .common import (
     build_checkpoint_claim,
     build_config_map,
@@ -21,18 +23,18 @@ from .common import (
     pod_spec,
     workload_labels,
 )
+from .overlay import with_labels
 from .workers import trainer_container
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
-# The training operator injects its environment into the container with this name.
-CONTAINER_NAME = "pytorch"
+CONTAINER_NAME = PYTORCHJOB_CONTAINER
 # The training operator restarts failed pods in place and counts them against runPolicy.backoffLimit.
 RESTART_POLICY = "OnFailure"
 
 
 def _replica(job: Job, replicas: int) -> dict[str, Any]:
-    template_meta = {"labels": job_labels(job), "annotations": pod_annotations()}
+    template_meta = {"labels": with_labels(job, job_labels(job)), "annotations": pod_annotations(job)}
     return {
         "replicas": replicas,
         "restartPolicy": RESTART_POLICY,
@@ -49,8 +51,9 @@ def _run_policy(job: Job) -> dict[str, Any]:
         out["ttlSecondsAfterFinished"] = policy.ttl_seconds_after_finished
     sched = job.spec.scheduling
     scheduling = {}
-    if sched.queue_name:
-        scheduling["queue"] = sched.queue_name
+    # Kubeflow hands this queue to its gang scheduler (Volcano); a Kueue queue is the queue-name label.
+    if sched.volcano_queue:
+        scheduling["queue"] = sched.volcano_queue
     if sched.priority_class_name:
         scheduling["priorityClass"] = sched.priority_class_name
     if scheduling:
@@ -59,6 +62,8 @@ def _run_policy(job: Job) -> dict[str, Any]:
 
 
 def build_pytorchjob(job: Job) -> dict[str, Any]:
+    """The PyTorchJob; its SUSPEND_ANNOTATION records the BrainTrainingJob's suspend it was last given
+    (reconcile applies that flag only when it changes, so it never fights Kueue over runPolicy.suspend)."""
     spec = job.spec
     body: dict[str, Any] = {"nprocPerNode": str(spec.nproc_per_node), "runPolicy": _run_policy(job)}
     if is_elastic(spec):
@@ -75,7 +80,9 @@ def build_pytorchjob(job: Job) -> dict[str, Any]:
         if spec.nodes > 1:
             replicas["Worker"] = _replica(job, spec.nodes - 1)
         body["pytorchReplicaSpecs"] = replicas
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(job, job.name, workload_labels(job)), "spec": body}
+    annotations = {SUSPEND_ANNOTATION: str(spec.run_policy.suspend).lower()}
+    meta = metadata(job, job.name, workload_labels(job), annotations)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": body}
 
 
 def render_pytorchjob(job: Job) -> list[dict[str, Any]]:

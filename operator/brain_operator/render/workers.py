@@ -15,21 +15,14 @@ from brain_trainer.contract import CONFIG_FILE, METRICS_PORT, METRICS_PORT_NAME,
 from ..names import config_map_name, template_claim_name, worker_pod_name, workers_service_name
 from ..spec import Job, node_range
 from ..spec.environment import PYTHONUNBUFFERED, SHARE_RDZV_STORE
+from ..spec.owned import CHECKPOINT_VOLUME, CONFIG_DIR, CONFIG_VOLUME, RDZV_PORT, RDZV_PORT_NAME, SHM_DIR, SHM_VOLUME
 
-CONFIG_DIR = "/etc/brain"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
-SHM_DIR = "/dev/shm"
 # torchrun reads its settings from PET_* variables; the trainer from the ConfigMap.
 COMMAND = ("torchrun",)
-RDZV_PORT = 29400
-RDZV_PORT_NAME = "rdzv"
 # torchrun's own variables that a local run sets differently.
 RDZV_ENDPOINT_ENV = "PET_RDZV_ENDPOINT"
 LOCAL_ADDR_ENV = "PET_LOCAL_ADDR"
-
-CONFIG_VOLUME = "config"
-SHM_VOLUME = "dshm"
-CHECKPOINT_VOLUME = "checkpoints"
 
 # SIGTERM makes the trainer commit a checkpoint before exiting; a 7B sharded save needs minutes.
 TERMINATION_GRACE_SECONDS = 300

@@ -9,12 +9,16 @@ brain_operator.resource, re-exported here. Each module has one job:
     defaults     cluster-wide defaults from the operator's environment
     parse        manifest -> Job, with errors that name the field
     cel          rules the API server enforces itself
+    edits        which fields may change in flight, and the transition rules freezing the others
+    owned        what the operator owns in a worker pod (names the overlay may not use)
+    corev1       Kubernetes' core/v1 schemas for the pod overlay, and a checker
+    overlay      spec.podTemplate: the pod overlay and its rules
     derive       what follows from a job (size, backend, strategy, trainer.yaml)
 """
 
 from brain_trainer.schema import ConfigError
 
-from .cel import API_SERVER_RULES
+from .cel import API_SERVER_RULES, TRANSITION_RULES
 from .defaults import OperatorDefaults
 from .derive import (
     effective_batch_size,
@@ -34,6 +38,7 @@ from ..resource import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, V
 
 __all__ = [
     "API_SERVER_RULES",
+    "TRANSITION_RULES",
     "API_VERSION",
     "GROUP",
     "JOB_BACKENDS",

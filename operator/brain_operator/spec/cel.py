@@ -3,10 +3,12 @@
 The elastic bounds live here too, so an out-of-range `kubectl scale` (the
 scale subresource writes spec.nodes) is refused before the operator sees it.
 The parser enforces the same bounds (JobSpec.check); a test keeps them in agreement.
+TRANSITION_RULES (spec/edits.py) refuse edits to fields that cannot change in flight.
 """
 
 from __future__ import annotations
 
+from .edits import transition_rules
 from .model import JobSpec
 
 _NODES = f"(has(self.nodes) ? self.nodes : {JobSpec().nodes})"
@@ -25,3 +27,5 @@ API_SERVER_RULES = (
         "nodes must be <= elastic.maxNodes",
     ),
 )
+
+TRANSITION_RULES = transition_rules()

@@ -15,19 +15,23 @@ from .kube import PULL_POLICIES
 
 @dataclass(frozen=True)
 class OperatorDefaults:
-    """The trainer image, its pull policy and extra NCCL variables for jobs that name none."""
+    """The trainer image, its pull policy and pull secrets, and extra NCCL variables for jobs that name none."""
 
     image: Optional[str] = None
     image_pull_policy: Optional[str] = None
     nccl_env: Mapping[str, str] = field(default_factory=dict)
+    # Secrets every job's pods pull with, besides the job's own spec.podTemplate.spec.imagePullSecrets.
+    image_pull_secrets: tuple[str, ...] = ()
 
     ENV_IMAGE = "BRAIN_TRAINER_IMAGE"
     ENV_PULL_POLICY = "BRAIN_TRAINER_IMAGE_PULL_POLICY"
     ENV_NCCL = "BRAIN_NCCL_ENV"
+    ENV_PULL_SECRETS = "BRAIN_TRAINER_IMAGE_PULL_SECRETS"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "OperatorDefaults":
-        """Read BRAIN_TRAINER_IMAGE, BRAIN_TRAINER_IMAGE_PULL_POLICY and BRAIN_NCCL_ENV (a JSON object)."""
+        """Read BRAIN_TRAINER_IMAGE, BRAIN_TRAINER_IMAGE_PULL_POLICY, BRAIN_NCCL_ENV (a JSON object) and
+        BRAIN_TRAINER_IMAGE_PULL_SECRETS (a JSON list of {name: ...}, as the chart's values write it)."""
         errors: list[FieldError] = []
         policy = environ.get(cls.ENV_PULL_POLICY) or None
         if policy is not None and policy not in PULL_POLICIES:
@@ -43,6 +47,23 @@ class OperatorDefaults:
                 errors.append(FieldError(cls.ENV_NCCL, f"must map names to string values, got {raw!r}"))
                 nccl_env = {}
             errors.extend(FieldError(cls.ENV_NCCL, message) for _, message in check_env(nccl_env, cls.ENV_NCCL))
+        secrets = _pull_secrets(environ.get(cls.ENV_PULL_SECRETS, "").strip(), errors)
         if errors:
             raise ConfigError(errors)
-        return cls(image=environ.get(cls.ENV_IMAGE) or None, image_pull_policy=policy, nccl_env=nccl_env)
+        return cls(
+            image=environ.get(cls.ENV_IMAGE) or None, image_pull_policy=policy, nccl_env=nccl_env, image_pull_secrets=secrets
+        )
+
+
+def _pull_secrets(raw: str, errors: list[FieldError]) -> tuple[str, ...]:
+    if not raw:
+        return ()
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        value = exc
+    names = [item.get("name") for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+    if not isinstance(value, list) or len(names) != len(value) or not all(isinstance(n, str) and n for n in names):
+        errors.append(FieldError(OperatorDefaults.ENV_PULL_SECRETS, f"must be a JSON list of {{\"name\": SECRET}}, got {raw!r}"))
+        return ()
+    return tuple(names)

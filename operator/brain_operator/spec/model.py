@@ -6,7 +6,8 @@ extends), and `spec.checkpoint` extends
 the trainer's CheckpointConfig with where the checkpoints live: each trainer
 setting is declared once, with the same section and name in trainer.yaml
 (docs/architecture.md, "One declaration per setting"). Everything else here
-is the operator's: image, nodes, resources, storage, NCCL, scheduling, run policy.
+is the operator's: image, nodes, resources, storage, NCCL, scheduling, run
+policy and the pod overlay (spec/overlay.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Iterator, Optional
 from brain_trainer.config import CheckpointConfig, TrainerSections
 from brain_trainer.schema import Names, setting
 
+from ..schedulers import GANG_MODES, GANG_NONE
 from .environment import NCCL_DEBUG, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, check_env
 from .kube import (
     ACCESS_MODES,
@@ -31,11 +33,15 @@ from .kube import (
     SHARED_WRITE_MODES,
     SUBDOMAIN_PATTERN,
 )
+from .overlay import PodTemplateOverlay, job_problems
+from .owned import CONFIG_DIR, SHM_DIR
 
 JOB_BACKENDS = ("elastic", "pytorchjob")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 # Paths the worker pod itself mounts: the trainer config and shared memory.
-POD_MOUNTS = ("/etc/brain", "/dev/shm")
+POD_MOUNTS = (CONFIG_DIR, SHM_DIR)
+RETAIN, DELETE = "Retain", "Delete"
+RECLAIM_POLICIES = (RETAIN, DELETE)
 
 
 @dataclass
@@ -98,6 +104,11 @@ class CheckpointSpec(CheckpointConfig):
     claim_name: Optional[str] = setting(None, pattern=SUBDOMAIN_PATTERN, help="an existing PVC to mount")
     volume_claim_template: Optional[VolumeClaimTemplate] = setting(None, help="a PVC the operator creates for the job")
     mount_path: str = setting("/checkpoints", pattern=r"/.*", help="absolute path inside the pods")
+    reclaim_policy: str = setting(
+        RETAIN,
+        choices=RECLAIM_POLICIES,
+        help="Retain: the claim made from volumeClaimTemplate outlives the job; Delete: it is deleted with the job",
+    )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.claim_name is not None and self.volume_claim_template is not None:
@@ -143,6 +154,15 @@ class SchedulingSpec:
     priority_class_name: Optional[str] = setting(None, pattern=SUBDOMAIN_PATTERN)
     scheduler_name: Optional[str] = setting(None)
     queue_name: Optional[str] = setting(None, pattern=LABEL_VALUE_PATTERN, help="Kueue LocalQueue (kueue.x-k8s.io/queue-name)")
+    gang: str = setting(
+        GANG_NONE,
+        choices=GANG_MODES,
+        help="elastic backend: a PodGroup of elastic.minNodes workers for Kubernetes (native), scheduler-plugins' "
+        "coscheduling or Volcano",
+    )
+    volcano_queue: Optional[str] = setting(
+        None, pattern=SUBDOMAIN_PATTERN, help="Volcano queue of the PodGroup (gang: volcano) or of the PyTorchJob's schedulingPolicy"
+    )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.queue_name is not None and len(self.queue_name) > DNS_LABEL_MAX:
@@ -176,9 +196,18 @@ class JobSpec(TrainerSections):
     nccl: NcclSpec = field(default_factory=NcclSpec)
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
     run_policy: RunPolicySpec = field(default_factory=RunPolicySpec)
+    pod_template: PodTemplateOverlay = field(default_factory=PodTemplateOverlay)
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         yield from super().check(name)
+        for path, message in job_problems(self.pod_template, self.checkpoint.mount_path, self.scheduling.priority_class_name):
+            yield f"pod_template.{path}", message
+        if self.scheduling.gang != GANG_NONE and self.backend != "elastic":
+            yield (
+                "scheduling.gang",
+                f"applies to the elastic backend; for {self.backend}, Kubeflow's training operator makes the PodGroup "
+                "(its --gang-scheduler-name)",
+            )
         low, high = self.node_range()
         if self.nodes < low:
             yield "nodes", f"must be >= {name('elastic.min_nodes')} ({low}), got {self.nodes}"

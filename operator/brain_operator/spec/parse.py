@@ -85,4 +85,10 @@ def _spec(data: Any, defaults: Optional[OperatorDefaults], errors: list[FieldErr
         if "imagePullPolicy" not in (data or {}) and defaults.image_pull_policy:
             spec.image_pull_policy = defaults.image_pull_policy
         spec.nccl.env = {**defaults.nccl_env, **spec.nccl.env}
+        overlay = spec.pod_template.spec
+        own = {secret.get("name") for secret in overlay.image_pull_secrets}
+        overlay.image_pull_secrets = [
+            *({"name": name} for name in defaults.image_pull_secrets if name not in own),
+            *overlay.image_pull_secrets,
+        ]
     return spec
