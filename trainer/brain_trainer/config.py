@@ -111,7 +111,7 @@ class DistributedConfig:
         None,
         choices=ACTIVATION_CHECKPOINTING,
         help="recompute activations in backward, per block: none, full (every block) or selective "
-        "(every k-th block, k = activation_checkpointing_every); default: the model preset's",
+        "(every k-th block, k: the setting below); default: the model preset's",
     )
     activation_checkpointing_every: int = setting(2, minimum=1, help="selective: checkpoint every k-th block")
     cpu_offload: Optional[bool] = setting(None, help="FSDP: keep sharded states in host memory; default: the model preset's")
