@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from brain_trainer import kubeyaml
 from brain_trainer.config import read_yaml
+from brain_trainer.export_args import add_arguments as add_export_arguments
 from brain_trainer.schema import ConfigError, FieldError
 from brain_trainer.tokens.options import add_arguments as add_prepare_arguments
 
@@ -76,6 +77,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     job = parse_job(load_manifest(args.file), require_image=False)
     print("\n".join(estimate_lines(job, device_memory_gib=args.device_memory)))
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    try:  # torch: the trainer's extra, absent from the operator image
+        from brain_trainer.export import run
+    except ImportError as exc:
+        raise CliError(f"export needs the trainer extra (pip install 'brain-train[trainer]'): {exc}") from None
+    return run(args)
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
@@ -151,6 +160,9 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("prepare", cmd_prepare, "turn a corpus into a token dataset folder for data.source tokens")
     add_prepare_arguments(p)
+
+    p = command("export", cmd_export, "write a checkpoint's model as safetensors (Hugging Face layout)")
+    add_export_arguments(p)
 
     p = command("operator", cmd_operator, "run the BrainTrainingJob operator (kopf) against the current cluster")
     p.add_argument("--namespace", action="append", metavar="NS", help="watch this namespace (repeatable)")

@@ -1,35 +1,56 @@
 """`braintrain estimate`: the memory planner's view of a job (pure, torch-free).
 
 For the job's model, precision, micro-batch, sequence length and world size:
-the per-rank breakdown of the strategy the job asks for, the strategy
-`strategy: auto` would pick, and every option the planner tries.
+the per-rank device breakdown of the strategy the job asks for, the strategy
+`strategy: auto` would pick, every option the planner tries, and the host
+memory per rank of the strategy the job will run, with the pod memory request
+that covers it (compared with `spec.resources.requests.memory`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 
-from brain_trainer.memory import GIB, first_fit, plan_ladder, plan_memory
+from brain_trainer.memory import GIB, HostPlan, MemoryPlan, first_fit, plan_host_memory, plan_ladder, plan_memory
 from brain_trainer.schema import ConfigError, FieldError
 
 from .spec import Job, trainer_config, world_size
 
-__all__ = ["DEFAULT_DEVICE_MEMORY_GIB", "estimate_lines"]
+__all__ = ["DEFAULT_DEVICE_MEMORY_GIB", "estimate_lines", "host_plan", "quantity_bytes"]
 
 # An 80 GB accelerator (A100/H100 80GB) when the user does not say.
 DEFAULT_DEVICE_MEMORY_GIB = 80.0
+MEMORY_REQUEST = "spec.resources.requests.memory"
+
+# Kubernetes quantity suffixes (resource.Quantity): binary, decimal, and milli.
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?")
+_SCALE = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
-def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[str]:
-    cfg = trainer_config(job)
+def quantity_bytes(value: int | str) -> float:
+    """A Kubernetes memory quantity (`900Gi`, `1.5G`, `2048`) in bytes."""
+    match = _QUANTITY.fullmatch(str(value))
+    if not match:
+        raise ConfigError([FieldError(MEMORY_REQUEST, f"not a memory quantity such as 8Gi: {value!r}")])
+    return float(match.group(1)) * _SCALE[match.group(2)]
+
+
+def _device_memory(device_memory_gib: float | None) -> int:
+    gib = DEFAULT_DEVICE_MEMORY_GIB if device_memory_gib is None else device_memory_gib
+    if not 0 < gib < math.inf:  # also refuses nan, which argparse's float accepts
+        raise ConfigError([FieldError("--device-memory", f"must be a finite number > 0 GiB, got {gib}")])
+    return int(gib * GIB)
+
+
+def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
+    """(the configured plan or None under auto, the auto ladder, the plan the job will run)."""
+    cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing
     if cfg.model.entrypoint:
         raise ConfigError(
             [FieldError("spec.model.entrypoint", "the planner sizes presets only; a user model's size is unknown without torch")]
         )
-    gib = DEFAULT_DEVICE_MEMORY_GIB if device_memory_gib is None else device_memory_gib
-    if not 0 < gib < math.inf:  # also refuses nan, which argparse's float accepts
-        raise ConfigError([FieldError("--device-memory", f"must be a finite number > 0 GiB, got {gib}")])
-    memory = int(gib * GIB)
     dist, training = cfg.distributed, cfg.training
     ranks = world_size(job.spec)
     shape = dict(
@@ -37,35 +58,74 @@ def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[
         micro_batch_size=training.micro_batch_size,
         seq_len=training.seq_len,
         world_size=ranks,
+        activation_checkpointing_every=dist.activation_checkpointing_every,
     )
-    lines = [
-        f"{job.name}: preset {cfg.model.preset}, {ranks} rank(s) ({job.spec.nodes} node(s) x {job.spec.nproc_per_node}), "
-        f"{dist.mixed_precision_policy}, micro-batch {training.micro_batch_size} x {training.seq_len} tokens, "
-        f"{gib:g} GiB per device",
-        "",
-    ]
+    asked = None
     if dist.strategy != "auto":
-        strategy = "single" if ranks == 1 and dist.strategy == "ddp" else dist.strategy
         asked = plan_memory(
             cfg.model.preset,
-            strategy,
+            "single" if ranks == 1 and dist.strategy == "ddp" else dist.strategy,
             fsdp_sharding=dist.fsdp_sharding,
             activation_checkpointing=dist.activation_checkpointing,
             cpu_offload=dist.cpu_offload,
             node_size=job.spec.nproc_per_node,
             **shape,
         )
+    ladder = plan_ladder(cfg.model.preset, activation_checkpointing=dist.activation_checkpointing,
+                         cpu_offload=dist.cpu_offload, **shape)
+    if asked is not None:
+        return asked, ladder, asked
+    if job.spec.resources.gpus():
+        return None, ladder, first_fit(ladder, memory, cfg.model.preset)[1]
+    return None, ladder, ladder[0][1]  # auto on CPUs: ddp (single on one rank), as the trainer resolves it
+
+
+def host_plan(job: Job, *, device_memory_gib: float | None = None) -> HostPlan:
+    """Host memory per rank of the strategy the job will run, and the pod memory request it needs."""
+    cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing
+    _, _, runs = _plans(job, _device_memory(device_memory_gib))
+    return plan_host_memory(
+        cfg.model.preset,
+        runs,
+        accelerator=job.spec.resources.gpus() > 0,
+        ranks_per_pod=job.spec.nproc_per_node,
+        async_checkpoint=cfg.checkpoint.async_save,
+        checkpointing=cfg.checkpoint.enabled,
+        data_workers=cfg.data.num_workers,
+    )
+
+
+def _request_verdict(job: Job, plan: HostPlan) -> str:
+    requested = job.spec.resources.requests.get("memory")
+    if requested is None:
+        return f"{MEMORY_REQUEST}: not set"
+    size = quantity_bytes(requested)
+    if size < plan.pod_request:
+        return f"{MEMORY_REQUEST}: {requested}, below the recommended request"
+    if size > 2 * plan.pod_request:
+        return f"{MEMORY_REQUEST}: {requested}, more than twice the recommended request"
+    return f"{MEMORY_REQUEST}: {requested}, covers it"
+
+
+def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[str]:
+    cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing
+    memory = _device_memory(device_memory_gib)
+    asked, ladder, _ = _plans(job, memory)
+    dist, training = cfg.distributed, cfg.training
+    lines = [
+        f"{job.name}: preset {cfg.model.preset}, {world_size(job.spec)} rank(s) ({job.spec.nodes} node(s) x "
+        f"{job.spec.nproc_per_node}), {dist.mixed_precision_policy}, micro-batch {training.micro_batch_size} x "
+        f"{training.seq_len} tokens, {memory / GIB:g} GiB per device",
+        "",
+    ]
+    if asked is not None:
         verdict = "fits" if asked.fits(memory) else f"does NOT fit ({(asked.total - memory) / GIB:.1f} GiB per rank missing)"
         lines += [f"configured (spec.distributed): {verdict}", asked.summary(), ""]
-    ladder = plan_ladder(
-        cfg.model.preset,
-        activation_checkpointing=dist.activation_checkpointing,
-        cpu_offload=dist.cpu_offload,
-        **shape,
-    )
     choice, plan = first_fit(ladder, memory, cfg.model.preset)
     lines += [f"strategy: auto picks {choice}", plan.summary(), "", "options tried, cheapest first (device GiB per rank):"]
     for option, tried in ladder:
         mark = "fits" if tried.fits(memory) else "too big"
         lines.append(f"  {str(option):<58}{tried.total / GIB:9.2f}  {mark}")
+    host = host_plan(job, device_memory_gib=device_memory_gib)
+    lines += ["", host.summary(), _request_verdict(job, host)]
     return lines

@@ -132,9 +132,11 @@ def test_the_job_succeeds_with_a_falling_loss_and_committed_checkpoints(referenc
     assert float(final) < 0.8 * float(first)
     assert committed_steps(workdir)[-1] == STEPS
     assert fields["checkpoint"] == str(claim_of(workdir) / f"step-{STEPS:08d}")
-    # The workers' output is labelled with its pod's name.
+    # The workers' output is labelled with its pod's name; rank 0 logs the run, every rank its memory after init.
     trainer_lines = [line for line in out.splitlines() if " brain_trainer." in line]
-    assert trainer_lines and all(line.startswith("[local-minimal-worker-0] ") for line in trainer_lines)
+    assert trainer_lines and all(line.startswith("[local-minimal-worker-0] ") for line in trainer_lines
+                                 if "after init:" not in line)
+    assert any(line.startswith("[local-minimal-worker-1] ") and "rank 1 after init:" in line for line in trainer_lines)
 
 
 def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(reference, tmp_path):

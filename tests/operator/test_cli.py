@@ -138,13 +138,20 @@ def test_estimate_on_the_7b_example_reports_the_per_rank_breakdown(capsys):
     code, out, err = run_cli(capsys, "estimate", GPU_7B)
     assert code == 0, err
     picked = out.split("strategy: auto picks ")[1]
-    assert picked.startswith("fsdp full_shard + activation checkpointing\nfsdp full_shard + activation checkpointing on 8 rank(s), per rank:")
+    assert picked.startswith(
+        "fsdp full_shard + full activation checkpointing\nfsdp full_shard + full activation checkpointing on 8 rank(s), per rank:"
+    )
     for term in ("parameters", "gradients", "optimizer state", "activations", "overhead", "total"):
         assert f"\n  {term} " in picked
     for cheaper in ("ddp", "fsdp shard_grad_op", "fsdp full_shard"):
         assert re.search(rf"^  {cheaper} +[0-9.]+  too big$", out, re.M), cheaper
+    host = out.split("host memory per rank (fsdp full_shard + full activation checkpointing on GPU):")[1]
+    for term in ("process", "initialisation", "ckpt staging", "data workers", "total"):
+        assert f"\n  {term} " in host
+    assert "recommended pod memory request: 115Gi (8 rank(s) per pod, +10%)" in host
+    assert "spec.resources.requests.memory: 128Gi, covers it" in host
     code, out, _ = run_cli(capsys, "estimate", GPU_7B, "--device-memory", "10")
-    assert code == 0 and "strategy: auto picks fsdp full_shard + activation checkpointing + CPU offload" in out
+    assert code == 0 and "strategy: auto picks fsdp full_shard + full activation checkpointing + CPU offload" in out
 
 
 def test_estimate_of_a_model_that_fits_nowhere_is_one_clear_line(tmp_path, capsys):
@@ -169,7 +176,7 @@ def test_operator_needs_a_namespace_choice(capsys):
 
 
 def test_help_everywhere_and_version(capsys):
-    for argv in ([], ["run"], ["render"], ["validate"], ["estimate"], ["operator"]):
+    for argv in ([], ["run"], ["render"], ["validate"], ["estimate"], ["export"], ["operator"]):
         with pytest.raises(SystemExit) as done:
             main([*argv, "--help"])
         assert done.value.code == 0

@@ -1,4 +1,4 @@
-"""Every example in deploy/examples/ is a valid BrainTrainingJob and renders valid Kubernetes objects.
+"""Every example in deploy/examples/ is a valid BrainTrainingJob, renders valid Kubernetes objects, and asks for the memory the planner recommends.
 
 Objects go through kubernetes-validate's strict schemas for Kubernetes 1.29
 and 1.37 (both ship with the installed kubernetes-validate); a PyTorchJob has
@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from brain_operator.crd import build_crd
+from brain_operator.estimate import host_plan, quantity_bytes
 from brain_operator.render import render
 from brain_operator.spec import OperatorDefaults, parse_job
 
@@ -83,3 +84,19 @@ def test_strict_validation_catches_a_bad_object():
     pod["spec"]["restartPolicyy"] = "Never"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, "1.37", strict=True)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_memory_request_follows_the_host_memory_planner(path):
+    """At least what `braintrain estimate` recommends for a pod, and at most twice it."""
+    job = parse_job(load(path), defaults=DEFAULTS)
+    recommended = host_plan(job).pod_request
+    requested = quantity_bytes(job.spec.resources.requests["memory"])
+    assert recommended <= requested <= 2 * recommended, (path.name, recommended / 2**30, requested / 2**30)
+
+
+def test_memory_quantities():
+    assert quantity_bytes("128Gi") == 128 * 2**30 and quantity_bytes("1.5G") == 1.5e9 and quantity_bytes(2048) == 2048
+    assert quantity_bytes("500M") == 500e6 and quantity_bytes("1Ki") == 1024
+    with pytest.raises(ValueError, match=r"spec.resources.requests.memory: not a memory quantity such as 8Gi: '12 GB'"):
+        quantity_bytes("12 GB")

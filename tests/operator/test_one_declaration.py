@@ -135,6 +135,6 @@ def test_unset_distributed_fields_take_the_presets_recommendation_once():
     cfg = TrainerConfig.from_dict({"model": {"preset": "7b"}, "distributed": {"strategy": "fsdp"}})
     assert cfg.distributed.activation_checkpointing is None  # trainer.yaml says what the user said
     resolved = cfg.resolved()
-    assert resolved.distributed.activation_checkpointing is True and resolved.distributed.mixed_precision_policy == "bf16"
+    assert resolved.distributed.activation_checkpointing == "full" and resolved.distributed.mixed_precision_policy == "bf16"
     assert resolved.resolved() is resolved
     assert cfg.config_hash() == TrainerConfig.from_dict(to_dict(cfg)).config_hash()

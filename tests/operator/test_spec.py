@@ -85,7 +85,7 @@ def test_trainer_config_translation():
     assert cfg.distributed.num_nodes == 2 and cfg.distributed.timeout_seconds == 600
     assert cfg.distributed.strategy == "fsdp" and cfg.distributed.cpu_offload is True
     # Unset fields take the 7b preset's recommendation.
-    assert cfg.distributed.activation_checkpointing is DISTRIBUTED_PRESETS["7b"].activation_checkpointing is True
+    assert cfg.distributed.activation_checkpointing == DISTRIBUTED_PRESETS["7b"].activation_checkpointing == "full"
     assert cfg.distributed.fsdp_sharding == DISTRIBUTED_PRESETS["7b"].fsdp_sharding
     assert (cfg.data.source, cfg.data.path, cfg.data.num_workers) == ("files", "/data/*.txt", 2)
     assert (cfg.checkpoint.dir, cfg.checkpoint.interval_steps, cfg.checkpoint.keep_last) == ("/ckpt", 7, 2)
@@ -104,9 +104,9 @@ def test_planner_decides_checkpointing_under_strategy_auto():
     def dist(distributed):
         return trainer_config(parse_job(manifest({"model": {"preset": "7b"}, "distributed": distributed}))).resolved().distributed
 
-    assert not dist({"strategy": "auto"}).activation_checkpointing  # a rung of the planner's ladder
-    assert dist({"strategy": "fsdp"}).activation_checkpointing  # the 7b preset's recommendation
-    assert dist({"strategy": "auto", "activationCheckpointing": True}).activation_checkpointing
+    assert dist({"strategy": "auto"}).activation_checkpointing == "none"  # a rung of the planner's ladder
+    assert dist({"strategy": "fsdp"}).activation_checkpointing == "full"  # the 7b preset's recommendation
+    assert dist({"strategy": "auto", "activationCheckpointing": "selective"}).activation_checkpointing == "selective"
 
 
 def test_resolved_values():

@@ -1,6 +1,6 @@
 """Checkpoint library on real gloo ranks: FSDP2 round trip and resharding, retention,
 damaged-checkpoint fallback, skipped uncommitted folders, single-shot save_model/load_model,
-export to one file.
+export to safetensors.
 
 One save at world size 2, then one load per world size (1, 3, 4), each on its own copy.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from harness import run_ranks
+from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.fsdp import fully_shard
@@ -209,21 +211,22 @@ def test_resume_at_other_world_size_exact_and_falls_back_when_damaged(saved, tmp
 
 
 
-def test_export_writes_one_file_loadable_without_process_group(saved, tmp_path, capsys):
+def test_export_writes_safetensors_loadable_without_process_group(saved, tmp_path, capsys):
     root, reference = saved
-    out = tmp_path / "model.pt"
+    out = tmp_path / "exported"
     assert export_main([str(root), str(out), "--dtype", "bf16"]) == 0
-    exported = torch.load(out)
+    exported = load_file(out / "model.safetensors")
     expected = reference["full"][STEPS]["model"]
     assert exported.keys() == expected.keys()
     assert all(exported[k].dtype == torch.bfloat16 and torch.equal(exported[k], expected[k].bfloat16()) for k in expected)
     model = nn.Sequential(nn.Linear(12, 37), nn.Tanh(), nn.Linear(37, 11), nn.Tanh(), nn.Linear(11, 5))
-    model.load_state_dict(torch.load(out))  # a plain module, no process group
+    model.load_state_dict(load_file(out / "model.safetensors"))  # a plain module, no process group
+    assert json.loads((out / "config.json").read_text())["source"]["step"] == STEPS
 
-    assert export_main([str(tmp_path / "nowhere"), str(tmp_path / "x.pt")]) == 1
+    assert export_main([str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 1
     assert "neither a committed checkpoint" in capsys.readouterr().err
     damaged = tmp_path / "damaged"
     shutil.copytree(root / store.step_dir_name(STEPS), damaged)
     (damaged / "__0_0.distcp").write_bytes(b"")
-    assert export_main([str(damaged), str(tmp_path / "y.pt")]) == 1
-    assert "__0_0.distcp: 0 bytes" in capsys.readouterr().err and not (tmp_path / "y.pt").exists()
+    assert export_main([str(damaged), str(tmp_path / "y")]) == 1
+    assert "__0_0.distcp: 0 bytes" in capsys.readouterr().err and not list(tmp_path.glob("y*"))

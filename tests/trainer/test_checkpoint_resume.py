@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import yaml
 from harness import free_port
+from safetensors.torch import load_file
 
 from brain_trainer import contract
 from brain_trainer.checkpoint import store
@@ -83,9 +84,9 @@ def global_stream(count: int) -> list[int]:
 
 
 def final_model(root: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    out = tmp / f"{root.name}.pt"
-    assert export(root, out) == root / store.step_dir_name(12)
-    return torch.load(out)
+    out = tmp / f"{root.name}-export"
+    assert export(root, out) == (root / store.step_dir_name(12), 1)
+    return load_file(out / "model.safetensors")
 
 
 def run(cmd: list[str], log: Path, **kw) -> subprocess.CompletedProcess:

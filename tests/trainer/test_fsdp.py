@@ -8,7 +8,8 @@ from torch.distributed.tensor import DTensor
 
 from brain_trainer import DistributedConfig, FSDPWrapper
 from brain_trainer.ddp import all_reduce_mean
-from brain_trainer.fsdp import ShardingPolicy, leaf_units, mesh_shape, unit_names
+from brain_trainer.blocks import block_names, checkpointed_blocks
+from brain_trainer.fsdp import ShardingPolicy, mesh_shape, unit_names
 from harness import run_ranks
 from parity import (
     STEPS,
@@ -27,7 +28,7 @@ MICRO_BATCH = 2
 CASES = {
     "full_shard": dict(fsdp_sharding="full_shard"),
     "shard_grad_op": dict(fsdp_sharding="shard_grad_op"),
-    "hybrid_shard+checkpointing": dict(fsdp_sharding="hybrid_shard", activation_checkpointing=True),
+    "hybrid_shard+checkpointing": dict(fsdp_sharding="hybrid_shard", activation_checkpointing="selective"),
     "no_shard+cpu_offload": dict(fsdp_sharding="no_shard", cpu_offload=True),
 }
 
@@ -139,8 +140,12 @@ def test_units_follow_wrap_units_innermost_first():
     assert names[:3] == ("snn_core.blocks.0", "htm.blocks.0", "workspace.blocks.0")
     assert names[-3:] == ("decision", "meta", "heads")
     assert all(names.index(f"{stack}.blocks.0") < names.index(stack) for stack in ("snn_core", "reasoning"))
-    # checkpoint the blocks, not the stacks around them (each activation recomputed once)
-    assert "reasoning.blocks.0" in leaf_units(names) and "reasoning" not in leaf_units(names)
+    # checkpoint the blocks, not the stacks around them (each activation recomputed once), in forward order
+    blocks = block_names(minimal_model())
+    assert blocks[0] == "encoders" and blocks[-2:] == ("meta", "heads") and "reasoning" not in blocks
+    assert blocks.index("reasoning.blocks.0") < blocks.index("reasoning.blocks.1") < blocks.index("decision.blocks.0")
+    assert checkpointed_blocks(blocks, "full", 2) == blocks and checkpointed_blocks(blocks, "none", 2) == ()
+    assert checkpointed_blocks(blocks, "selective", 3) == blocks[2::3]
 
 
 def test_units_default_to_children_with_parameters():

@@ -11,6 +11,8 @@ import pytest
 from brain_trainer import ConfigError, TrainerConfig
 from brain_trainer.memory import (
     GIB,
+    plan_host_memory,
+    GIB,
     InsufficientMemoryError,
     StrategyChoice,
     activation_bytes,
@@ -67,11 +69,16 @@ def test_activations_by_hand_and_with_checkpointing():
     d, mlp = MINIMAL.d_model, 4 * MINIMAL.ffn_hidden / MINIMAL.d_model
     blocks = dict(snn=4 + 3 * MINIMAL.snn_steps, htm=20, workspace=5, reasoning=10 + mlp, decision=3 + mlp)
     full = 8 + blocks["snn"] + blocks["htm"] + blocks["workspace"] + 2 * blocks["reasoning"] + blocks["decision"]
-    assert activation_units(MINIMAL, checkpointing=False) == pytest.approx(full)
-    # checkpointed: each of the 9 leaf wrap units keeps its input, the largest is recomputed
-    assert activation_units(MINIMAL, checkpointing=True) == pytest.approx(9 + blocks["reasoning"])
+    assert activation_units(MINIMAL, checkpointing="none") == pytest.approx(full)
+    # checkpointed: each of the 9 blocks keeps its input, the largest is recomputed
+    assert activation_units(MINIMAL, checkpointing="full") == pytest.approx(9 + blocks["reasoning"])
+    # selective, every 2nd block in forward order (encoders, snn, htm, workspace, reasoning x2, decision, meta, heads)
+    chosen = [blocks["snn"], blocks["workspace"], blocks["reasoning"], 4]
+    assert activation_units(MINIMAL, checkpointing="selective", every=2) == pytest.approx(
+        full - sum(chosen) + len(chosen) + max(chosen)
+    )
     expected = 2 * 3 * (full * d * 2 + 2 * 256 * 4)
-    assert activation_bytes(MINIMAL, "bf16", 2, 3, checkpointing=False) == int(expected)
+    assert activation_bytes(MINIMAL, "bf16", 2, 3, checkpointing="none") == int(expected)
     plan = plan_memory("minimal", "ddp", world_size=2, precision="bf16", micro_batch_size=2, seq_len=3)
     assert plan.activations == int(expected)
 
@@ -98,7 +105,7 @@ def test_activation_estimate_matches_tensors_saved_by_the_real_model():
         logits = model(tokens)
         F.cross_entropy(logits.reshape(-1, 256), tokens.reshape(-1))
     measured = sum(saved.values()) + logits.nbytes
-    estimate = activation_bytes(MINIMAL, "fp32", 4, 96, checkpointing=False)
+    estimate = activation_bytes(MINIMAL, "fp32", 4, 96, checkpointing="none")
     assert abs(estimate - measured) <= 0.1 * measured, (estimate, measured)
 
 
@@ -119,7 +126,7 @@ def test_seven_b_on_8_ranks_of_80_gb_picks_full_shard():
     # long sequences in bf16: only checkpointing brings the activations down
     long_bf16 = dict(world_size=8, precision="bf16", micro_batch_size=4, seq_len=4096)
     choice, _ = choose_strategy("7b", device_memory_bytes=80 * GB, **long_bf16)
-    assert choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing=True)
+    assert choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing="full")
 
 
 def test_choice_walks_down_the_ladder_as_memory_shrinks():
@@ -149,16 +156,17 @@ def test_nothing_fits_says_how_much_is_missing():
             "7b", device_memory_bytes=16 * GIB, world_size=2, precision="bf16", micro_batch_size=8, seq_len=4096
         )
     smallest = err.value.plan
-    assert smallest.choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing=True, cpu_offload=True)
+    assert smallest.choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing="full", cpu_offload=True)
     assert err.value.missing_bytes == smallest.total - 16 * GIB > 0
     assert isinstance(err.value, ConfigError) and err.value.errors[0].path == "distributed.strategy"
     assert f"{err.value.missing_bytes / GIB:.1f} GiB per rank missing" in str(err.value)
 
 
 def test_requested_checkpointing_and_offload_stay_on():
-    ladder = strategy_ladder(4, activation_checkpointing=True, cpu_offload=True)
-    assert ladder == [StrategyChoice("fsdp", "full_shard", activation_checkpointing=True, cpu_offload=True)]
-    assert all(c.activation_checkpointing for c in strategy_ladder(4, activation_checkpointing=True))
+    ladder = strategy_ladder(4, activation_checkpointing="full", cpu_offload=True)
+    assert ladder == [StrategyChoice("fsdp", "full_shard", activation_checkpointing="full", cpu_offload=True)]
+    selective = strategy_ladder(4, activation_checkpointing="selective")
+    assert [c.activation_checkpointing for c in selective] == ["selective"] * 3 + ["full"] * 2
 
 
 def test_bad_planner_inputs_name_the_field():
@@ -192,9 +200,24 @@ def test_resolve_distributed_makes_auto_concrete():
     assert resolve_distributed(custom, 8, 40 * GB).strategy == "ddp"
     resolved = resolve_distributed(auto, 8, 40 * GB)
     assert resolved.strategy == "fsdp" and resolved.fsdp_sharding == "full_shard"
-    assert not resolved.activation_checkpointing and not resolved.cpu_offload
+    assert resolved.activation_checkpointing == "none" and not resolved.cpu_offload
     assert resolved.mixed_precision_policy == "bf16" and resolved.master_port == auto.distributed.master_port
     small = resolve_distributed(replace(auto, model=replace(auto.model, preset="minimal")), 2, 40 * GB)
     assert small.strategy == "ddp"
     with pytest.raises(InsufficientMemoryError):
         resolve_distributed(auto, 2, 2 * GIB)
+
+
+def test_host_memory_counts_the_staging_copy_of_what_each_rank_holds():
+    params = param_count("7b")
+    sharded = plan_memory("7b", "fsdp", world_size=8, precision="bf16")
+    host = plan_host_memory("7b", sharded, accelerator=True, ranks_per_pod=8)
+    assert host.checkpoint_staging == -(-params // 8) * 12  # fp32 parameters and two AdamW moments
+    assert host.training_states == 0 and host.init < 1 * GB  # meta init: one tensor at a time on the host
+    replicated = plan_host_memory("7b", plan_memory("7b", "ddp", world_size=8, precision="bf16"), accelerator=True)
+    assert replicated.checkpoint_staging == params * 12
+    synchronous = plan_host_memory("7b", sharded, accelerator=True, async_checkpoint=False, data_workers=2)
+    assert synchronous.checkpoint_staging == 0 and synchronous.data_workers > 0
+    on_cpu = plan_host_memory("minimal", plan_memory("minimal", "ddp", world_size=2), accelerator=False)
+    assert on_cpu.training_states > 0 and on_cpu.process < host.process
+    assert host.pod_request >= host.total * 8 and host.pod_request % GIB == 0

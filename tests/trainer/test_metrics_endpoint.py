@@ -29,6 +29,22 @@ def test_serves_progress_and_metrics(monkeypatch):
         server.close()
 
 
+def test_serves_every_ranks_memory_after_init():
+    server = MetricsServer(0, host="127.0.0.1")
+    try:
+        server.publish_init_memory([
+            {"rank": 0, "parameter_bytes": 1000, "peak_host_bytes": 5000, "device_bytes": None},
+            {"rank": 1, "parameter_bytes": 900, "peak_host_bytes": 4000, "device_bytes": None},
+        ])
+        lines = fetch(server.port, "/metrics").decode().splitlines()
+        for line in ('brain_trainer_init_parameter_bytes{rank="0"} 1000.0', 'brain_trainer_init_parameter_bytes{rank="1"} 900.0',
+                     'brain_trainer_init_peak_host_bytes{rank="1"} 4000.0'):
+            assert line in lines, line
+        assert not any(line.startswith("brain_trainer_init_device_bytes{") for line in lines)  # none on CPU
+    finally:
+        server.close()
+
+
 def test_taken_or_disabled_port_never_stops_training():
     assert start_metrics_server(0) is None
     with socket.socket() as s:

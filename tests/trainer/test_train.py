@@ -64,6 +64,10 @@ def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
     assert doc["loss"] == pytest.approx(last, abs=1e-4) and doc["tokens_per_second"] > 0 and doc["eta_seconds"] == 0
     assert doc["last_checkpoint_step"] == steps, "the document is refreshed once the final save is committed"
     assert (tmp_path / "checkpoints" / f"step-{steps:08d}").is_dir()
+    manifest = json.loads((tmp_path / "checkpoints" / f"step-{steps:08d}" / "manifest.json").read_text())
+    assert manifest["model"] == {"preset": "minimal"} and "init_from" not in manifest
+    for rank in (0, 1):  # every rank says what it holds once initialised
+        assert re.search(rf"rank {rank} after init: parameters [\d.]+ MB, peak host memory [\d.]+ MB$", proc.stdout, re.M)
 
 
 def _small_job(strategy, **training):

@@ -28,6 +28,7 @@ BACKENDS = ("auto", "nccl", "gloo")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DATA_SOURCES = ("synthetic", "files")
 LR_SCALING = ("none", "linear")
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 
 ENTRYPOINT_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
 
@@ -41,6 +42,11 @@ class ModelConfig:
         None,
         pattern=ENTRYPOINT_PATTERN,
         help="package.module:function returning an nn.Module; replaces the preset",
+    )
+    init_from: Optional[str] = setting(
+        None,
+        help="start from these weights (optimizer and data position start fresh): a committed checkpoint folder, "
+        "or a safetensors file or folder (model.safetensors, or an index with shards); the pods must see the path",
     )
 
 
@@ -65,7 +71,7 @@ class TrainingConfig:
     grad_clip: float = setting(1.0, minimum=0, help="max gradient norm; 0 disables clipping")
     seed: int = setting(0, minimum=0)
     log_interval: int = setting(10, minimum=1, help="steps between rank-0 log lines")
-    compile: bool = setting(False, help="torch.compile the model (CUDA only)")
+    compile: bool = setting(False, help="torch.compile each block (CUDA only)")
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
@@ -77,8 +83,8 @@ class TrainingConfig:
 
 # The distributed settings a model preset recommends for the fields a job leaves unset.
 RECOMMENDED_FIELDS = ("fsdp_sharding", "activation_checkpointing", "cpu_offload", "mixed_precision_policy")
-# Under strategy auto the memory planner turns these on as rungs of its ladder.
-PLANNED_FIELDS = ("activation_checkpointing", "cpu_offload")
+# Under strategy auto the memory planner turns these on as rungs of its ladder: they start off.
+PLANNED_FIELDS = {"activation_checkpointing": "none", "cpu_offload": False}
 
 
 @dataclass
@@ -101,7 +107,13 @@ class DistributedConfig:
     node_rank: int = setting(0, minimum=0, derived=True, help="this node's index in a manual launch")
     master_addr: str = setting("localhost", derived=True, help="rank 0's host in a manual launch")
     master_port: int = setting(29500, minimum=1, maximum=65535, derived=True, help="rank 0's port in a manual launch")
-    activation_checkpointing: Optional[bool] = setting(None, help="recompute activations in backward; default: the model preset's")
+    activation_checkpointing: Optional[str] = setting(
+        None,
+        choices=ACTIVATION_CHECKPOINTING,
+        help="recompute activations in backward, per block: none, full (every block) or selective "
+        "(every k-th block, k: the setting below); default: the model preset's",
+    )
+    activation_checkpointing_every: int = setting(2, minimum=1, help="selective: checkpoint every k-th block")
     cpu_offload: Optional[bool] = setting(None, help="FSDP: keep sharded states in host memory; default: the model preset's")
     mixed_precision_policy: Optional[str] = setting(
         None, choices=PRECISIONS, help="fp32, bf16 or fp16; default: the model preset's"
@@ -127,7 +139,9 @@ class DistributedConfig:
         """
         recommended = DISTRIBUTED_PRESETS[preset]
         filled = {
-            field_name: False if self.strategy == "auto" and field_name in PLANNED_FIELDS else getattr(recommended, field_name)
+            field_name: PLANNED_FIELDS[field_name]
+            if self.strategy == "auto" and field_name in PLANNED_FIELDS
+            else getattr(recommended, field_name)
             for field_name in RECOMMENDED_FIELDS
             if getattr(self, field_name) is None
         }
@@ -140,13 +154,13 @@ class DistributedConfig:
 
 
 DISTRIBUTED_PRESETS: dict[str, DistributedConfig] = {
-    name: DistributedConfig(**{"fsdp_sharding": "full_shard", "activation_checkpointing": False, "cpu_offload": False,
+    name: DistributedConfig(**{"fsdp_sharding": "full_shard", "activation_checkpointing": "none", "cpu_offload": False,
                                "mixed_precision_policy": "fp32", **recommended})
     for name, recommended in {
         "minimal": {"strategy": "ddp"},
         "1b": {"strategy": "ddp", "mixed_precision_policy": "bf16"},
         "3b": {"strategy": "fsdp", "fsdp_sharding": "shard_grad_op", "mixed_precision_policy": "bf16"},
-        "7b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": True},
+        "7b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": "full"},
     }.items()
 }
 

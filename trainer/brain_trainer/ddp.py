@@ -10,16 +10,21 @@ from __future__ import annotations
 import logging
 import os
 from datetime import timedelta
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .blocks import apply_block_options, block_names, checkpointed_blocks
 from .config import DistributedConfig
 
 log = logging.getLogger(__name__)
+
+# Called by a wrapper's setup with the model (sharded already under FSDP) and the device to
+# materialise a meta-built model on (materialize.Initializer).
+Materialize = Callable[[nn.Module, torch.device], None]
 
 
 def local_device() -> torch.device:
@@ -65,12 +70,24 @@ class ProcessGroupUser:
     """Joins the default process group in setup; cleanup destroys it only if this object created it.
 
     The config's unset fields are resolved (`DistributedConfig.resolved`):
-    the wrappers always see concrete settings.
+    the wrappers always see concrete settings. `compile_backend` compiles
+    every block with torch.compile (None: not compiled).
     """
 
-    def __init__(self, config: DistributedConfig):
+    def __init__(self, config: DistributedConfig, *, compile_backend: Optional[str] = None):
         self.config = config.resolved()
+        self.compile_backend = compile_backend
         self._owns_group = False
+
+    def checkpointed_blocks(self, model: nn.Module) -> tuple[str, ...]:
+        """The blocks whose activations are recomputed in backward (distributed.activation_checkpointing)."""
+        return checkpointed_blocks(
+            block_names(model), self.config.activation_checkpointing, self.config.activation_checkpointing_every
+        )
+
+    def prepare_blocks(self, model: nn.Module) -> None:
+        """Activation checkpointing and torch.compile per block, before the model is wrapped."""
+        apply_block_options(model, self.checkpointed_blocks(model), self.compile_backend)
 
     def join_process_group(self, rank: int, world_size: int) -> None:
         self._owns_group = ensure_process_group(self.config, rank, world_size) or self._owns_group
@@ -95,30 +112,41 @@ class ProcessGroupUser:
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
+def place(model: nn.Module, device: torch.device, materialize: Optional[Materialize]) -> nn.Module:
+    """The whole model on `device`: materialised there when given a materializer (a meta-built model), else moved."""
+    if materialize is None:
+        return model.to(device)
+    materialize(model, device)
+    return model
+
+
 class SingleDeviceWrapper(ProcessGroupUser):
     """strategy single: one process trains the model on its device, unwrapped."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig):
-        super().__init__(config)
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[str] = None):
+        super().__init__(config, compile_backend=compile_backend)
         self.model = model
 
-    def setup(self, rank: int, world_size: int) -> nn.Module:
+    def setup(self, rank: int, world_size: int, *, materialize: Optional[Materialize] = None) -> nn.Module:
         self.join_process_group(rank, world_size)
-        return self.model.to(use_local_device())
+        self.prepare_blocks(self.model)
+        return place(self.model, use_local_device(), materialize)
 
 
 class DDPWrapper(ProcessGroupUser):
     """Places the model on this rank's device and wraps it in DDP."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig):
-        super().__init__(config)
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[str] = None):
+        super().__init__(config, compile_backend=compile_backend)
         self.model = model
         self.wrapped: Optional[DistributedDataParallel] = None
 
-    def setup(self, rank: int, world_size: int) -> nn.Module:
+    def setup(self, rank: int, world_size: int, *, materialize: Optional[Materialize] = None) -> nn.Module:
+        """Wrap in DDP; a meta-built model is materialised and initialised first (`materialize`)."""
         self.join_process_group(rank, world_size)
         device = use_local_device()
-        model = self.sync_batchnorm(self.model.to(device), device)
+        self.prepare_blocks(self.model)
+        model = self.sync_batchnorm(place(self.model, device, materialize), device)
         self.wrapped = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,

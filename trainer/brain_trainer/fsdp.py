@@ -26,14 +26,13 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed._composable import checkpoint as activation_checkpoint
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.optim import Optimizer
 
 from . import checkpoint as checkpoints
 from .config import DistributedConfig
-from .ddp import ProcessGroupUser, use_local_device
+from .ddp import Materialize, ProcessGroupUser, use_local_device
 from .launcher import env_int
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -50,7 +49,7 @@ class ShardingPolicy:
     param_dtype: str  # compute and all-gather precision: fp32, bf16 or fp16
     reduce_dtype: str  # gradient reduction precision
     cpu_offload: bool
-    checkpointed: tuple[str, ...]  # units whose activations are recomputed in backward
+    checkpointed: tuple[str, ...]  # blocks whose activations are recomputed in backward
 
     @property
     def shard_size(self) -> int:
@@ -90,13 +89,9 @@ def unit_names(model: nn.Module) -> tuple[str, ...]:
     return tuple(sorted(dict.fromkeys(chosen), key=lambda name: -name.count(".")))
 
 
-def leaf_units(units: tuple[str, ...]) -> tuple[str, ...]:
-    """Units that contain no other unit: checkpointing those recomputes each activation once."""
-    return tuple(u for u in units if not any(other.startswith(u + ".") for other in units))
-
-
 def sharding_policy(
-    config: DistributedConfig, units: tuple[str, ...], world_size: int, local_world_size: int
+    config: DistributedConfig, units: tuple[str, ...], world_size: int, local_world_size: int,
+    checkpointed: tuple[str, ...] = (),
 ) -> ShardingPolicy:
     shape, dim_names = mesh_shape(config.fsdp_sharding, world_size, local_world_size)
     return ShardingPolicy(
@@ -107,34 +102,37 @@ def sharding_policy(
         param_dtype=config.mixed_precision_policy,
         reduce_dtype="fp32",
         cpu_offload=config.cpu_offload,
-        checkpointed=leaf_units(units) if config.activation_checkpointing else (),
+        checkpointed=checkpointed,
     )
 
 
 class FSDPWrapper(ProcessGroupUser):
     """Shards a model over the ranks with FSDP2."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig):
-        super().__init__(config)
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[str] = None):
+        super().__init__(config, compile_backend=compile_backend)
         self.model = model
         self.wrapped: Optional[FSDPModule] = None
         self.mesh: Optional[DeviceMesh] = None
 
-    def setup(self, rank: int, world_size: int) -> nn.Module:
-        """Shard in place; a model built on the meta device stays there (call `to_empty` + init after)."""
+    def setup(self, rank: int, world_size: int, *, materialize: Optional[Materialize] = None) -> nn.Module:
+        """Shard in place. A model built on the meta device is then materialised and initialised by
+        `materialize`: each rank allocates and fills only its own shards (without it, it stays on meta)."""
         self.join_process_group(rank, world_size)
         device = use_local_device()
         self.model = self.sync_batchnorm(self.model, device)
         policy = self.get_sharding_policy(world_size)
         self.mesh = init_device_mesh(device.type, policy.mesh_shape, mesh_dim_names=policy.mesh_dim_names)
+        self.prepare_blocks(self.model)
         modules = dict(self.model.named_modules())
-        for name in policy.checkpointed:
-            activation_checkpoint(modules[name])
         options = dict(mesh=self.mesh, mp_policy=self._mp_policy(policy), offload_policy=self._offload_policy(policy))
         for name in policy.units:
             fully_shard(modules[name], reshard_after_forward=policy.reshard_after_forward, **options)
         # None lets FSDP keep the root gathered after forward: backward needs it first anyway.
         self.wrapped = fully_shard(self.model, reshard_after_forward=None, **options)
+        if materialize is not None:
+            # With CPU offload the sharded states live in host memory.
+            materialize(self.wrapped, torch.device("cpu") if policy.cpu_offload else device)
         return self.wrapped
 
     def get_sharding_policy(self, world_size: Optional[int] = None) -> ShardingPolicy:
@@ -144,7 +142,9 @@ class FSDPWrapper(ProcessGroupUser):
                 raise RuntimeError("get_sharding_policy() needs world_size= or an initialised process group")
             world_size = dist.get_world_size()
         local_world_size = env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size)
-        return sharding_policy(self.config, unit_names(self.model), world_size, local_world_size)
+        return sharding_policy(
+            self.config, unit_names(self.model), world_size, local_world_size, self.checkpointed_blocks(self.model)
+        )
 
     def save_distributed_checkpoint(self, path: str, *, optimizer: Optional[Optimizer] = None) -> None:
         """Every rank writes its shards (torch.distributed.checkpoint, committed atomically)."""

@@ -25,6 +25,14 @@ gathered units (planned for full_shard and hybrid_shard).
 
 Activations (see `activation_bytes`), and a fixed `overhead` for the CUDA
 context, communication buffers and allocator slack, complete the total.
+
+Host memory per rank (`plan_host_memory`, what a pod's memory request must
+cover): the process itself (torch, and on GPUs the CUDA libraries and
+context), initialisation (meta-device init keeps at most one init block or
+one tensor being read on the host), the training states themselves when the
+device is the CPU, CPU-offloaded states, the asynchronous checkpoint's staging
+copy (each rank's parameters and AdamW moments, fp32: 12 bytes per parameter
+it holds) and the DataLoader's worker processes.
 """
 
 from __future__ import annotations
@@ -32,10 +40,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from .config import FSDP_SHARDING, PRECISIONS, DistributedConfig, TrainerConfig
-from .presets import STACKS, BrainAIConfig, preset_config, wrap_unit_params
+from .config import ACTIVATION_CHECKPOINTING, FSDP_SHARDING, PRECISIONS, DistributedConfig, TrainerConfig
+from .presets import STACKS, BrainAIConfig, largest_tensor_params, preset_config, wrap_unit_params
 from .schema import ConfigError, FieldError
 
+MIB = 1024**2
 GIB = 1024**3
 RUNTIME_OVERHEAD_BYTES = 1 * GIB
 PLAN_STRATEGIES = ("single", "ddp", "fsdp")
@@ -46,6 +55,17 @@ ADAM_MOMENT_BYTES = 8  # exp_avg and exp_avg_sq in fp32
 MASTER_WEIGHT_BYTES = 4  # fp32 copy kept by the optimizer when parameters are 16-bit
 LOGIT_BYTES = 4  # logits and log-probabilities are float32 for the loss
 
+# Host memory (plan_host_memory). Estimates: the process sizes were measured on CPU with torch 2.13
+# (about 330 MB resident after importing torch and joining a gloo group); CUDA's figure is the usual
+# resident size of a torch process once CUDA, cuBLAS, cuDNN and NCCL are loaded.
+CPU_PROCESS_BYTES = 512 * MIB
+CUDA_PROCESS_BYTES = 3 * GIB
+DATA_WORKER_BYTES = 256 * MIB  # one DataLoader worker process (forked: torch's pages stay shared)
+STAGED_BYTES_PER_PARAM = 4 + ADAM_MOMENT_BYTES  # fp32 parameter and moments, as a checkpoint holds them
+INIT_BYTES_PER_PARAM = 4  # fp32: the largest tensor drawn or read at once during initialisation
+POD_HEADROOM = 1.1  # allocator fragmentation and the page cache of checkpoint writes
+REQUEST_GRANULE = 64 * MIB
+
 
 @dataclass(frozen=True)
 class StrategyChoice:
@@ -53,17 +73,22 @@ class StrategyChoice:
 
     strategy: str
     fsdp_sharding: str = "full_shard"
-    activation_checkpointing: bool = False
+    activation_checkpointing: str = "none"  # none, full or selective
     cpu_offload: bool = False
 
     def __str__(self) -> str:
         words = [self.strategy] + ([self.fsdp_sharding] if self.strategy == "fsdp" else [])
         text = " ".join(words)
-        if self.activation_checkpointing:
-            text += " + activation checkpointing"
+        if self.activation_checkpointing != "none":
+            text += f" + {self.activation_checkpointing} activation checkpointing"
         if self.cpu_offload:
             text += " + CPU offload"
         return text
+
+
+def gib_rows(rows: list[tuple[str, int]]) -> list[str]:
+    """A summary's table: one indented line per (term, bytes), in GiB."""
+    return [f"  {name:<17}{size / GIB:9.2f} GiB" for name, size in rows]
 
 
 @dataclass(frozen=True)
@@ -100,9 +125,7 @@ class MemoryPlan:
         ]
         if self.host:
             rows.append(("host (offloaded)", self.host))
-        lines = [f"{self.choice} on {self.world_size} rank(s), per rank:"]
-        lines += [f"  {name:<17}{size / GIB:9.2f} GiB" for name, size in rows]
-        return "\n".join(lines)
+        return "\n".join([f"{self.choice} on {self.world_size} rank(s), per rank:", *gib_rows(rows)])
 
 
 class InsufficientMemoryError(ConfigError):
@@ -132,7 +155,7 @@ def _model_name(model: BrainAIConfig | str) -> str:
     return f"preset {model!r}" if isinstance(model, str) else "the model"
 
 
-def activation_units(cfg: BrainAIConfig, checkpointing: bool) -> float:
+def activation_units(cfg: BrainAIConfig, checkpointing: str, every: int = 2) -> float:
     """Saved activations per token, in units of d_model elements.
 
     Counted from what each wrap unit keeps for backward (a test measures them
@@ -143,9 +166,11 @@ def activation_units(cfg: BrainAIConfig, checkpointing: bool) -> float:
         reasoning 10 + 4 * ffn_hidden / d_model    decision 3 + 4 * ffn_hidden / d_model
 
     Attention is flash-style (scaled_dot_product_attention), so nothing grows
-    with seq_len squared. With checkpointing (FSDPWrapper wraps every leaf
-    wrap unit: each block, encoders, meta, heads) each unit keeps only its
-    input (1 unit) and one unit at a time is recomputed in full.
+    with seq_len squared. Checkpointing acts on blocks (blocks.py: the leaf
+    wrap units in forward order: encoders, every block, meta, heads): a
+    checkpointed block keeps only its input (1 unit), and one checkpointed
+    block at a time is recomputed in full. `full` checkpoints every block,
+    `selective` every `every`-th.
     """
     mlp = 4 * cfg.ffn_hidden / cfg.d_model
     per_block = {
@@ -155,23 +180,25 @@ def activation_units(cfg: BrainAIConfig, checkpointing: bool) -> float:
         "reasoning": 10 + mlp,
         "decision": 3 + mlp,
     }
-    units = [1.0, 4.0, 3.0]  # encoders, meta, heads
+    units = [1.0]  # encoders, then the blocks in forward order, meta, heads
     for name, attr in STACKS.items():
         units += [per_block[name]] * getattr(cfg, attr)
-    if checkpointing:
-        return len(units) + max(units)
-    return sum(units)
+    units += [4.0, 3.0]
+    chosen = {"none": [], "full": units, "selective": units[every - 1 :: every]}[checkpointing]
+    if not chosen:
+        return sum(units)
+    return sum(units) - sum(chosen) + len(chosen) + max(chosen)
 
 
 def activation_bytes(
-    cfg: BrainAIConfig, precision: str, micro_batch_size: int, seq_len: int, checkpointing: bool
+    cfg: BrainAIConfig, precision: str, micro_batch_size: int, seq_len: int, checkpointing: str, every: int = 2
 ) -> int:
     """micro_batch * seq_len * (activation_units * d_model * element bytes + 2 * vocab * 4).
 
     The second term is the float32 logits and log-probabilities of the loss.
     """
     tokens = micro_batch_size * seq_len
-    per_token = activation_units(cfg, checkpointing) * cfg.d_model * PARAM_BYTES[precision]
+    per_token = activation_units(cfg, checkpointing, every) * cfg.d_model * PARAM_BYTES[precision]
     return int(tokens * (per_token + 2 * cfg.vocab_size * LOGIT_BYTES))
 
 
@@ -184,6 +211,7 @@ def _check_inputs(
     world_size: int,
     cpu_offload: bool,
     node_size: Optional[int],
+    checkpointing: str = "none",
 ) -> None:
     errors = [
         FieldError(path, f"must be one of {', '.join(choices)}; got {value!r}")
@@ -191,6 +219,7 @@ def _check_inputs(
             ("distributed.strategy", strategy, PLAN_STRATEGIES),
             ("distributed.fsdp_sharding", fsdp_sharding, FSDP_SHARDING),
             ("distributed.mixed_precision_policy", precision, PRECISIONS),
+            ("distributed.activation_checkpointing", checkpointing, ACTIVATION_CHECKPOINTING),
         )
         if value not in choices
     ]
@@ -223,7 +252,8 @@ def plan_memory(
     micro_batch_size: int = 1,
     seq_len: Optional[int] = None,
     world_size: int = 1,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: str = "none",
+    activation_checkpointing_every: int = 2,
     cpu_offload: bool = False,
     node_size: Optional[int] = None,
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
@@ -236,7 +266,8 @@ def plan_memory(
     """
     cfg = _model_config(model)
     seq_len = cfg.max_seq_len if seq_len is None else seq_len
-    _check_inputs(strategy, fsdp_sharding, precision, micro_batch_size, seq_len, world_size, cpu_offload, node_size)
+    _check_inputs(strategy, fsdp_sharding, precision, micro_batch_size, seq_len, world_size, cpu_offload, node_size,
+                  activation_checkpointing)
 
     n_params = sum(wrap_unit_params(cfg))
     unit = max(wrap_unit_params(cfg))
@@ -263,26 +294,29 @@ def plan_memory(
         parameters=params + gathered_params,
         gradients=grads + gathered_grads,
         optimizer_state=optim,
-        activations=activation_bytes(cfg, precision, micro_batch_size, seq_len, activation_checkpointing),
+        activations=activation_bytes(
+            cfg, precision, micro_batch_size, seq_len, activation_checkpointing, activation_checkpointing_every
+        ),
         overhead=overhead_bytes,
         host=host,
     )
 
 
 def strategy_ladder(
-    world_size: int, activation_checkpointing: bool = False, cpu_offload: bool = False
+    world_size: int, activation_checkpointing: str = "none", cpu_offload: bool = False
 ) -> list[StrategyChoice]:
     """The options `choose_strategy` tries, cheapest (least communication and recompute) first.
 
-    Flags already requested by the user stay on in every option; options
-    that cannot honour a requested CPU offload are left out.
+    What the user already requested stays on in every option (the checkpointing
+    rungs check every block); options that cannot honour a requested CPU
+    offload are left out.
     """
     ladder = [
         StrategyChoice("single" if world_size == 1 else "ddp"),
         StrategyChoice("fsdp", "shard_grad_op"),
         StrategyChoice("fsdp", "full_shard"),
-        StrategyChoice("fsdp", "full_shard", activation_checkpointing=True),
-        StrategyChoice("fsdp", "full_shard", activation_checkpointing=True, cpu_offload=True),
+        StrategyChoice("fsdp", "full_shard", activation_checkpointing="full"),
+        StrategyChoice("fsdp", "full_shard", activation_checkpointing="full", cpu_offload=True),
     ]
     out: list[StrategyChoice] = []
     for option in ladder:
@@ -290,7 +324,9 @@ def strategy_ladder(
             continue
         option = replace(
             option,
-            activation_checkpointing=option.activation_checkpointing or activation_checkpointing,
+            activation_checkpointing=(
+                activation_checkpointing if option.activation_checkpointing == "none" else option.activation_checkpointing
+            ),
             cpu_offload=option.cpu_offload or cpu_offload,
         )
         if option not in out:
@@ -305,7 +341,8 @@ def plan_ladder(
     precision: str = "fp32",
     micro_batch_size: int = 1,
     seq_len: Optional[int] = None,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: str = "none",
+    activation_checkpointing_every: int = 2,
     cpu_offload: bool = False,
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
 ) -> list[tuple[StrategyChoice, MemoryPlan]]:
@@ -322,6 +359,7 @@ def plan_ladder(
                 seq_len=seq_len,
                 world_size=world_size,
                 activation_checkpointing=option.activation_checkpointing,
+                activation_checkpointing_every=activation_checkpointing_every,
                 cpu_offload=option.cpu_offload,
                 overhead_bytes=overhead_bytes,
             ),
@@ -348,7 +386,8 @@ def choose_strategy(
     precision: str = "fp32",
     micro_batch_size: int = 1,
     seq_len: Optional[int] = None,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: str = "none",
+    activation_checkpointing_every: int = 2,
     cpu_offload: bool = False,
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
 ) -> tuple[StrategyChoice, MemoryPlan]:
@@ -364,6 +403,7 @@ def choose_strategy(
         micro_batch_size=micro_batch_size,
         seq_len=seq_len,
         activation_checkpointing=activation_checkpointing,
+        activation_checkpointing_every=activation_checkpointing_every,
         cpu_offload=cpu_offload,
         overhead_bytes=overhead_bytes,
     )
@@ -394,6 +434,7 @@ def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes
         micro_batch_size=cfg.training.micro_batch_size,
         seq_len=cfg.training.seq_len,
         activation_checkpointing=dist.activation_checkpointing,
+        activation_checkpointing_every=dist.activation_checkpointing_every,
         cpu_offload=dist.cpu_offload,
     )
     return replace(
@@ -402,4 +443,78 @@ def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes
         fsdp_sharding=choice.fsdp_sharding if choice.strategy == "fsdp" else dist.fsdp_sharding,
         activation_checkpointing=choice.activation_checkpointing,
         cpu_offload=choice.cpu_offload,
+    )
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """Host (CPU) memory per rank for one plan, and the memory request of a pod running `ranks_per_pod` ranks."""
+
+    plan: MemoryPlan
+    accelerator: bool
+    ranks_per_pod: int
+    process: int  # the Python process: torch, and on GPUs the CUDA libraries and context
+    init: int  # the most initialisation holds on the host at once (meta init: one tensor)
+    training_states: int  # the device plan's states and activations, when the device is the CPU
+    offloaded: int  # CPU-offloaded sharded states
+    checkpoint_staging: int  # the async checkpoint's copy of this rank's parameters and optimizer state
+    data_workers: int  # DataLoader worker processes
+
+    @property
+    def total(self) -> int:
+        return (self.process + self.init + self.training_states + self.offloaded + self.checkpoint_staging
+                + self.data_workers)
+
+    @property
+    def pod_request(self) -> int:
+        """Bytes a pod should request: every rank's total with POD_HEADROOM, rounded up (to 64Mi; to 1Gi above 4Gi)."""
+        wanted = self.total * self.ranks_per_pod * POD_HEADROOM
+        granule = GIB if wanted > 4 * GIB else REQUEST_GRANULE
+        return -int(-wanted // granule) * granule
+
+    def summary(self) -> str:
+        device = "GPU" if self.accelerator else "CPU"
+        rows = [
+            ("process", self.process),
+            ("initialisation", self.init),
+            ("training states", self.training_states),
+            ("CPU offload", self.offloaded),
+            ("ckpt staging", self.checkpoint_staging),
+            ("data workers", self.data_workers),
+            ("total", self.total),
+        ]
+        lines = [f"host memory per rank ({self.plan.choice} on {device}):", *gib_rows(rows)]
+        lines.append(f"recommended pod memory request: {quantity(self.pod_request)} "
+                     f"({self.ranks_per_pod} rank(s) per pod, +{POD_HEADROOM - 1:.0%})")
+        return "\n".join(lines)
+
+
+def quantity(size: int) -> str:
+    """Bytes as a Kubernetes quantity: whole Gi when exact, else Mi."""
+    return f"{size // GIB}Gi" if size % GIB == 0 else f"{-(-size // MIB)}Mi"
+
+
+def plan_host_memory(
+    model: BrainAIConfig | str,
+    plan: MemoryPlan,
+    *,
+    accelerator: bool,
+    ranks_per_pod: int = 1,
+    async_checkpoint: bool = True,
+    checkpointing: bool = True,
+    data_workers: int = 0,
+) -> HostPlan:
+    """Host memory per rank for `plan` (see the module docstring); `accelerator`: the device is a GPU, else the CPU."""
+    cfg = _model_config(model)
+    held = -(-sum(wrap_unit_params(cfg)) // plan.shard_size)
+    return HostPlan(
+        plan=plan,
+        accelerator=accelerator,
+        ranks_per_pod=ranks_per_pod,
+        process=CUDA_PROCESS_BYTES if accelerator else CPU_PROCESS_BYTES,
+        init=largest_tensor_params(cfg) * INIT_BYTES_PER_PARAM,
+        training_states=0 if accelerator else plan.total - plan.overhead,
+        offloaded=plan.host,
+        checkpoint_staging=held * STAGED_BYTES_PER_PARAM if checkpointing and async_checkpoint else 0,
+        data_workers=data_workers * DATA_WORKER_BYTES,
     )

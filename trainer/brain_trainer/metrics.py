@@ -36,6 +36,12 @@ _EXTRAS = {
     "learning_rate": ("brain_trainer_learning_rate", "Current learning rate"),
     "peak_memory_bytes": ("brain_trainer_peak_memory_bytes", "Peak accelerator (or host) memory of rank 0"),
 }
+# field of memory_report.InitMemory -> (metric name, help), one sample per rank
+_INIT_MEMORY = {
+    "parameter_bytes": ("brain_trainer_init_parameter_bytes", "Bytes of parameters (shards) each rank holds after init"),
+    "peak_host_bytes": ("brain_trainer_init_peak_host_bytes", "Peak host resident memory of each rank at the end of init"),
+    "device_bytes": ("brain_trainer_init_device_bytes", "Accelerator memory allocated by each rank at the end of init"),
+}
 
 
 class MetricsServer:
@@ -51,6 +57,9 @@ class MetricsServer:
             registry=self.registry,
         )
         restarts.set(restart_count())
+        self._init_gauges = {
+            key: Gauge(name, doc, ["rank"], registry=self.registry) for key, (name, doc) in _INIT_MEMORY.items()
+        }
         self._progress: Optional[Progress] = None
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), self._handler())
@@ -73,6 +82,14 @@ class MetricsServer:
             for key, value in {**vars(progress), **extras}.items():
                 if key in self._gauges and isinstance(value, (int, float)):
                     self._gauges[key].set(value)
+
+    def publish_init_memory(self, ranks: list[dict[str, Any]]) -> None:
+        """Each rank's memory after init (memory_report.InitMemory.as_dict()), labelled by rank."""
+        with self._lock:
+            for figures in ranks:
+                for key, gauge in self._init_gauges.items():
+                    if figures.get(key) is not None:
+                        gauge.labels(rank=str(figures["rank"])).set(figures[key])
 
     def progress_json(self) -> bytes:
         with self._lock:

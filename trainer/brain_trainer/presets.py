@@ -132,6 +132,17 @@ def wrap_unit_params(cfg: BrainAIConfig) -> list[int]:
     return units
 
 
+def largest_tensor_params(cfg: BrainAIConfig) -> int:
+    """Elements of BrainAI's largest single parameter tensor (initialisation and initFrom handle one at a time)."""
+    d = cfg.d_model
+    return max(
+        max(cfg.vocab_size, cfg.ngram_buckets) * d,  # byte and n-gram embeddings, byte head
+        3 * d * d,  # fused qkv / recurrence projections
+        cfg.ffn_hidden * d,  # gated-MLP projections
+        cfg.n_slots * d,  # workspace slots
+    )
+
+
 def param_count(cfg: BrainAIConfig | str) -> int:
     """Exact number of parameters of BrainAI(cfg), without building it."""
     if isinstance(cfg, str):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import resource
 import time
 from argparse import Namespace
 from dataclasses import dataclass, field, replace
@@ -39,7 +38,9 @@ from .fsdp import FSDPWrapper
 from .launcher import DistributedLauncher
 from .memory import resolve_distributed
 from .metrics import start_metrics_server
-from .model import build_model
+from .init_from import WeightSource, manifest_fields, open_source
+from .materialize import Initializer, build, is_meta
+from .memory_report import InitMemory, gather_init_memory, peak_host_bytes
 from .progress import write_progress
 from .schedule import WarmupCosine, follow_config, peak_learning_rate
 from .schema import ConfigError, FieldError
@@ -93,9 +94,28 @@ def resolve_strategy(cfg: TrainerConfig, world_size: int, device: torch.device) 
 WRAPPERS = {"single": SingleDeviceWrapper, "ddp": DDPWrapper, "fsdp": FSDPWrapper}
 
 
-def make_wrapper(model: nn.Module, dist_cfg: DistributedConfig) -> ProcessGroupUser:
+def make_wrapper(model: nn.Module, dist_cfg: DistributedConfig, *, compile_backend: Optional[str] = None) -> ProcessGroupUser:
     """The seed's wrapper for a resolved strategy: SingleDeviceWrapper, DDPWrapper or FSDPWrapper."""
-    return WRAPPERS[dist_cfg.strategy](model, dist_cfg)
+    return WRAPPERS[dist_cfg.strategy](model, dist_cfg, compile_backend=compile_backend)
+
+
+def build_and_wrap(cfg: TrainerConfig, dist_cfg: DistributedConfig, rank: int, world_size: int,
+                   device: torch.device) -> tuple[ProcessGroupUser, nn.Module, Optional[WeightSource]]:
+    """This rank's model, ready to train, without the whole model on any rank that shards it.
+
+    Built on the meta device, checked against model.init_from's tensors,
+    wrapped (blocks checkpointed and compiled, then sharded), materialised and
+    initialised in place (each rank fills only its own shards), then loaded
+    with init_from's weights. Returns (wrapper, model, the init_from source).
+    """
+    model = build(cfg.model, cfg.training.seed)
+    source = open_source(cfg.model.init_from, model) if cfg.model.init_from else None
+    compile_backend = "inductor" if cfg.training.compile and device.type == "cuda" else None
+    wrapper = make_wrapper(model, dist_cfg, compile_backend=compile_backend)
+    model = wrapper.setup(rank, world_size, materialize=Initializer(cfg.training.seed) if is_meta(model) else None)
+    if source is not None:
+        source.load_into(model)
+    return wrapper, model, source
 
 
 def committed_step(ckpt: CheckpointManager) -> Optional[int]:
@@ -113,7 +133,7 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak accelerator memory of this rank; on CPU, the process's peak resident set."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return peak_host_bytes()
 
 
 class Reporter:
@@ -148,6 +168,11 @@ class Reporter:
             learning_rate=lr,
             peak_memory_bytes=peak_memory,
         )
+
+    def init_memory(self, ranks: list[InitMemory]) -> None:
+        """Every rank's memory after initialisation, on the metrics endpoint."""
+        if self.metrics is not None:
+            self.metrics.publish_init_memory([r.as_dict() for r in ranks])
 
     def checkpointed(self, step: Optional[int]) -> None:
         """Re-publish the last progress once the final checkpoint is committed."""
@@ -201,10 +226,8 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     global_batch = cfg.effective_batch_size(world_size)
     tokens_per_step = global_batch * training.seq_len
 
-    torch.manual_seed(training.seed)  # identical initial weights on every rank
-    wrapper = make_wrapper(build_model(cfg.model), dist_cfg)
-    model = wrapper.setup(rank, world_size)
-    forward = torch.compile(model) if training.compile and device.type == "cuda" else model
+    wrapper, model, source = build_and_wrap(cfg, dist_cfg, rank, world_size, device)
+    reporter.init_memory(gather_init_memory(model, device, rank))
 
     peak_lr = peak_learning_rate(training, global_batch)
     optimizer = torch.optim.AdamW(
@@ -220,7 +243,8 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     acc = GradientAccumulator(accumulation, scaler, model=model, max_grad_norm=training.grad_clip)
 
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash())
+    ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash(),
+                             manifest_fields=manifest_fields(cfg.model, source))
     # After finish() or a preemption it is closed already; after an error this
     # gives SIGTERM back its default meaning without waiting for a save in flight.
     cleanup.callback(ckpt.close, wait=False)
@@ -260,7 +284,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         y = y.to(device, non_blocking=True)
         with acc.sync_context(micro_idx):
             with autocast_context(dist_cfg.mixed_precision_policy, device):
-                loss = loss_fn(forward(x), y)
+                loss = loss_fn(model(x), y)
             stepped = acc.step(loss, optimizer, micro_idx)
         running_loss += loss.detach()
         micro_losses += 1

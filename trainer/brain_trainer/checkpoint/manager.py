@@ -98,8 +98,10 @@ class CheckpointManager:
     background collectives never interleave with the training loop's.
     """
 
-    def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_hash: str):
+    def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_hash: str,
+                 manifest_fields: dict[str, Any] | None = None):
         self.cfg = cfg
+        self.manifest_fields = manifest_fields or {}  # more facts for every manifest (the model, where it started from)
         self.rank = rank
         self.world_size = world_size
         self.config_hash = config_hash
@@ -247,6 +249,7 @@ class CheckpointManager:
             "world_size": self.world_size,
             "torch_version": torch.__version__,
             "config_hash": self.config_hash,
+            **self.manifest_fields,
         }
         state_dict = state.state_dict()
         if blocking:

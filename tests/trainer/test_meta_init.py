@@ -1,0 +1,113 @@
+"""Meta-device initialisation: the same initial weights at any world size and strategy, a 1b preset
+initialised on 4 ranks in a fraction of the host memory the whole model needs, user models."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from harness import run_ranks
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from brain_trainer.config import ModelConfig, TrainerConfig
+from brain_trainer.materialize import Initializer, build, is_meta
+from brain_trainer.memory_report import measure
+from brain_trainer.model import INIT_STD
+from brain_trainer.presets import param_count
+from brain_trainer.schema import ConfigError
+from brain_trainer.train import build_and_wrap
+
+SEED = 7
+PRESET = {"preset": "minimal"}
+USER = {"entrypoint": "user_models:small_lm"}
+FULL_SHARD = {"strategy": "fsdp", "fsdp_sharding": "full_shard"}
+
+
+def _config(model: dict, distributed: dict, **sections) -> TrainerConfig:
+    return TrainerConfig.from_dict(
+        {"model": model, "distributed": distributed, "training": {"seed": SEED}, **sections}
+    ).resolved()
+
+
+def _digests(state: dict) -> dict[str, str]:
+    return {name: hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest() for name, t in state.items()}
+
+
+def initial_states(rank: int, world_size: int, cases: dict) -> dict | None:
+    """For each case (model, distributed, ranks per node): digests of the full state right after init."""
+    out = {}
+    for name, (model, distributed, per_node) in cases.items():
+        if per_node:
+            os.environ["LOCAL_WORLD_SIZE"] = str(per_node)  # hybrid_shard's node size (a spawned rank's own)
+        cfg = _config(model, distributed)
+        _, wrapped, _ = build_and_wrap(cfg, cfg.distributed, rank, world_size, torch.device("cpu"))
+        full = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True))
+        out[name] = _digests(full)
+        if name == "fsdp":
+            qkv, norm = full["reasoning.blocks.0.qkv.weight"], full["reasoning.blocks.0.attn_norm.weight"]
+            out["stats"] = (float(qkv.std()), bool((norm == 1).all()))
+    return out if rank == 0 else None
+
+
+def test_initial_weights_are_bitwise_equal_at_1_2_and_4_ranks_with_full_shard_and_ddp(tmp_path):
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:  # one rank in this process: a spawned one would cost another torch start
+        one = initial_states(0, 1, {
+            "fsdp": (PRESET, FULL_SHARD, None), "single": (PRESET, {"strategy": "single"}, None),
+            "user": (USER, {"strategy": "single"}, None),
+        })
+    finally:
+        dist.destroy_process_group()
+    two = run_ranks(initial_states, 2, {
+        "fsdp": (PRESET, FULL_SHARD, None), "ddp": (PRESET, {"strategy": "ddp"}, None), "user": (USER, FULL_SHARD, None),
+    })[0]
+    four = run_ranks(initial_states, 4, {
+        "fsdp": (PRESET, FULL_SHARD, None), "hybrid": (PRESET, {"strategy": "fsdp", "fsdp_sharding": "hybrid_shard"}, 2),
+    })[0]
+    reference = one["fsdp"]
+    assert len(reference) == len(dict(build(ModelConfig(), SEED).named_parameters()))
+    for name, digests in (("1 rank single", one["single"]), ("2 ranks full_shard", two["fsdp"]),
+                          ("2 ranks ddp", two["ddp"]), ("4 ranks full_shard", four["fsdp"]),
+                          ("4 ranks hybrid_shard 2x2", four["hybrid"])):
+        assert digests == reference, name
+    assert one["user"] == two["user"], "a user model with reset_parameters() alike"
+    std, norms_are_ones = one["stats"]
+    assert abs(std - INIT_STD) < 0.1 * INIT_STD and norms_are_ones  # the model's own init, not a stand-in
+    assert reference["reasoning.blocks.0.qkv.weight"] != reference["reasoning.blocks.1.qkv.weight"]  # own streams
+
+
+def init_1b(rank: int, world_size: int) -> dict:
+    """The trainer's model building for the 1b preset, full_shard; stops right after init."""
+    cfg = _config({"preset": "1b"}, FULL_SHARD)
+    _, model, _ = build_and_wrap(cfg, cfg.distributed, rank, world_size, torch.device("cpu"))
+    return measure(model, torch.device("cpu"), rank).as_dict()
+
+
+def test_1b_full_shard_on_4_ranks_initialises_in_a_fraction_of_the_whole_model():
+    full_fp32 = 4 * param_count("1b")
+    ranks = run_ranks(init_1b, 4, timeout=600)
+    for figures in ranks:
+        assert figures["parameter_bytes"] <= full_fp32 / 4 * 1.01, figures  # its shard, nothing more
+        assert figures["peak_host_bytes"] <= 0.5 * full_fp32 + 600e6, figures
+    assert sum(f["parameter_bytes"] for f in ranks) == full_fp32
+
+
+def test_a_user_model_without_reset_parameters_is_built_whole_with_a_message(caplog):
+    with caplog.at_level(logging.WARNING):
+        model = build(ModelConfig(entrypoint="user_models:without_reset"), SEED)
+    assert not is_meta(model)
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "Gain (at 1) holds parameters or buffers but defines no reset_parameters(); add one" in message
+    assert "building the whole model on every rank instead" in message
+    user = build(ModelConfig(entrypoint="user_models:small_lm"), SEED)
+    assert is_meta(user)
+
+
+def test_an_initialisation_that_leaves_a_tensor_unset_is_refused():
+    model = build(ModelConfig(entrypoint="user_models:forgets_a_buffer"), SEED)
+    with pytest.raises(ConfigError, match=r"model: 1.freq is not set by the model's initialisation"):
+        Initializer(SEED)(model, torch.device("cpu"))

@@ -1,0 +1,29 @@
+"""The export command's arguments, torch-free so that `braintrain` parses them without loading torch."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+EXPORT_DTYPES = ("bf16", "fp32")
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """`5GB` (decimal, as Hugging Face counts), `2GiB`, `500MB` or plain bytes."""
+    match = _SIZE.fullmatch(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a size such as 5GB, 500MB or 2GiB: {text!r}")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "b").lower()])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", help="step-XXXXXXXX folder, or checkpoint.dir for its newest committed one")
+    parser.add_argument("out", help="output folder (model.safetensors or shards with an index, and config.json)")
+    parser.add_argument("--dtype", choices=EXPORT_DTYPES, default=None,
+                        help="cast floating-point tensors (default: as saved, fp32)")
+    parser.add_argument("--max-shard-size", type=parse_size, default=None, metavar="SIZE",
+                        help="split into files of at most SIZE (5GB, 500MB, 2GiB; default: one file)")
+    parser.add_argument("--force", action="store_true", help="replace OUT when it exists and is not empty")
