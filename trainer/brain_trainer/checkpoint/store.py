@@ -19,13 +19,17 @@ import logging
 import mmap
 import os
 import shutil
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable
 
 from ..contract import CHECKPOINT_PREFIX, TMP_SUFFIX, format_time, step_dir_name, step_of
 from ..contract import MANIFEST_FILE as MANIFEST
+
+try:  # ISA-L (the trainer extra): zlib's CRC-32, the same values, about 3x as fast
+    from isal.isal_zlib import crc32
+except ImportError:  # the operator's image only lists checkpoints; it never checksums
+    from zlib import crc32
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ class Checksum:
         self.crc = 0
 
     def update(self, data: memoryview) -> None:
-        self.crc = zlib.crc32(data, self.crc)
+        self.crc = crc32(data, self.crc)
         self.size += data.nbytes
 
     def digest(self) -> dict[str, Any]:
@@ -56,11 +60,7 @@ class Checksum:
 
 
 def file_digest(path: Path) -> dict[str, Any]:
-    """Size and CRC-32 of a file.
-
-    Checksummed where it lies in the page cache (mapped, not copied out), so
-    the pages a verification reads are the ones the load that follows reuses.
-    """
+    """Size and CRC-32 of a file, checksummed where it lies in the page cache (mapped, not copied out)."""
     checksum = Checksum()
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size:  # an empty file cannot be mapped
@@ -72,11 +72,10 @@ def file_digest(path: Path) -> dict[str, Any]:
 class ChecksummingWriter:
     """A binary file being written, checksummed on the way out: its digest needs no read-back.
 
-    Big writes go out in `_CHUNK` pieces, each checksummed while it is still
-    in the CPU's cache; each piece also starts the kernel's writeback of what
-    came before it, so the disk works while the writer computes (the final
-    fsync only waits for the tail). Only sequential writing is supported:
-    there is no seek, so every byte written is every byte checksummed.
+    Every `_CHUNK` bytes it also starts the kernel's writeback of what came
+    before, so the disk works while the writer serialises and checksums (the
+    final fsync only waits for the tail). Writing is sequential only: with no
+    seek, every byte written is every byte checksummed.
     """
 
     def __init__(self, raw: BinaryIO):
