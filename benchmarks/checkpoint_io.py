@@ -1,22 +1,29 @@
-"""Checkpoint I/O against the disk's own limit (a benchmark, not a test).
+"""Checkpoint I/O against the disk's own limits (a benchmark, not a test).
 
 A ~100M-parameter model, FSDP2 full_shard over gloo ranks, with AdamW state
 (~1.2 GB in fp32), is checkpointed through CheckpointManager. Side by side,
-on the same disk and with the same ranks:
+on the same disk and with the same ranks, interleaved in each repeat:
 
 - sharded save: a synchronous save of the whole TrainState, from the call to
   the committed checkpoint (shards fsynced, checksums, manifest, rename);
-- raw write: every rank writes the same number of bytes as its shard with
-  plain sequential 8 MiB writes and one fsync (the physical limit);
+- raw write: every rank at once writes as many bytes as its shard with plain
+  sequential 8 MiB writes and one fsync (the physical limit);
+- restore: a fresh CheckpointManager's restore(), from the call to the loaded
+  state: every file verified against its manifest checksum, then loaded;
+- raw read: every rank at once reads its raw-write file back sequentially in
+  8 MiB pieces. Before both reads the files' pages are dropped from the page
+  cache (posix_fadvise DONTNEED on each file, after fsync: it needs no
+  privileges, unlike /proc/sys/vm/drop_caches), so both come from the disk;
 - async stall: how long an asynchronous save blocks a training loop, as a
   fraction of the synchronous save: the call itself plus any wait before the
   next optimizer step for the background copy to CPU memory. One training
   step (forward, backward, AdamW) follows each save, as in the loop.
 
-Prints GB/s for both, their ratio (target >= 0.5) and the stall fraction
-(target <= 0.2). Medians over --repeats runs.
+Prints, per world size, GB/s for each, the ratios save/raw write (target
+>= 0.7) and restore/raw read (target >= 0.6), and the stall fraction (target
+<= 0.05). Medians over --repeats runs.
 
-    .venv/bin/python benchmarks/checkpoint_io.py [--ranks 2] [--dir PATH] [--repeats 3]
+    .venv/bin/python benchmarks/checkpoint_io.py [--ranks 2,4] [--dir PATH] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -81,31 +88,59 @@ def raw_write(path: Path, nbytes: int) -> None:
         os.fsync(f.fileno())
 
 
+def raw_read(path: Path) -> None:
+    buf = bytearray(CHUNK)
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+def drop_cache(*paths: Path) -> None:
+    """Evict the files' (clean, fsynced) pages from the page cache, so that the next read is the disk's."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def bench(rank: int, world_size: int, base: str, repeats: int) -> dict:
     model, optim = build()
     state = TrainState(model, optim)
     root = Path(base) / "ckpt"
-    results: dict[str, list[float]] = {"sync": [], "raw": [], "stall": [], "async_total": [], "step": []}
+    raw = Path(base) / f"raw-{rank}.bin"
+    results: dict[str, list[float]] = {
+        "sync": [], "raw": [], "restore": [], "raw_read": [], "stall": [], "async_total": [], "step": []}
     nbytes = shard_bytes = 0
+
+    def manager(**overrides) -> CheckpointManager:
+        cfg = CheckpointConfig(dir=str(root), interval_steps=1, keep_last=1, **overrides)
+        return CheckpointManager(cfg, rank=rank, world_size=world_size, config_hash="bench")
+
     for i in range(repeats):
         if rank == 0:
             shutil.rmtree(root, ignore_errors=True)
         dist.barrier()
-        sync = CheckpointManager(CheckpointConfig(dir=str(root), interval_steps=1, keep_last=1, async_save=False),
-                                 rank=rank, world_size=world_size, config_hash="bench")
+        sync = manager(async_save=False)
         state.step = 2 * i + 1
         results["sync"].append(timed(lambda: sync.after_step(state)))
         sync.close()
-        manifest = store.read_manifest(root / store.step_dir_name(state.step))
+        folder = root / store.step_dir_name(state.step)
+        manifest = store.read_manifest(folder)
         nbytes = sum(f["size"] for f in manifest["files"].values())
         shard_bytes = manifest["files"][f"__{rank}_0.distcp"]["size"]
-
-        raw = Path(base) / f"raw-{rank}.bin"
         results["raw"].append(timed(lambda: raw_write(raw, shard_bytes)))
-        raw.unlink()
 
-        asynchronous = CheckpointManager(CheckpointConfig(dir=str(root), interval_steps=1, keep_last=1),
-                                         rank=rank, world_size=world_size, config_hash="bench")
+        drop_cache(raw, *sorted(folder.iterdir()))
+        results["raw_read"].append(timed(lambda: raw_read(raw)))
+        raw.unlink()
+        restoring = manager()
+        results["restore"].append(timed(lambda: restoring.restore(state)))
+        restoring.close()
+        assert state.step == 2 * i + 1
+
+        asynchronous = manager()
         state.step = 2 * i + 2
         results["step"].append(timed(lambda: train_step(model, optim)))
         results["async_total"].append(timed(lambda: (asynchronous.after_step(state), train_step(model, optim),
@@ -117,33 +152,40 @@ def bench(rank: int, world_size: int, base: str, repeats: int) -> dict:
     return {"bytes": nbytes, "raw_bytes": shard_bytes, **{k: statistics.median(v) for k, v in results.items()}}
 
 
+def report(ranks: int, per_rank: list[dict], repeats: int) -> None:
+    total = per_rank[0]["bytes"]
+    raw_total = sum(r["raw_bytes"] for r in per_rank)
+    slowest = {key: max(r[key] for r in per_rank) for key in per_rank[0] if key not in ("bytes", "raw_bytes")}
+    sync, raw, restore, raw_read = slowest["sync"], slowest["raw"], slowest["restore"], slowest["raw_read"]
+    params = LAYERS * (WIDTH * WIDTH + WIDTH)
+    print(f"model: {params / 1e6:.1f}M parameters + AdamW state, FSDP2 full_shard over {ranks} gloo ranks, "
+          f"torch {torch.__version__}; medians of {repeats}")
+    print(f"  checkpoint size:       {total / 1e9:.3f} GB ({raw_total / 1e9:.3f} GB of shards)")
+    print(f"  sharded save (sync):   {total / 1e9 / sync:6.2f} GB/s  ({sync:.2f} s to committed)")
+    print(f"  raw sequential write:  {raw_total / 1e9 / raw:6.2f} GB/s  ({raw:.2f} s incl. fsync)")
+    print(f"  ratio save/raw write:  {(total / sync) / (raw_total / raw):6.2f}   (target >= 0.7)")
+    print(f"  restore (verify+load): {total / 1e9 / restore:6.2f} GB/s  ({restore:.2f} s, page cache dropped)")
+    print(f"  raw sequential read:   {raw_total / 1e9 / raw_read:6.2f} GB/s  ({raw_read:.2f} s, page cache dropped)")
+    print(f"  ratio restore/raw read:{(total / restore) / (raw_total / raw_read):6.2f}   (target >= 0.6)")
+    print(f"  async save: loop stall {slowest['stall']:.3f} s = {slowest['stall'] / sync:.3f} of a sync save   "
+          f"(target <= 0.05); training step alone {slowest['step']:.2f} s; "
+          f"async save + one step, to committed {slowest['async_total']:.2f} s")
+    sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", default="2,4", help="comma-separated world sizes, each measured in turn")
     parser.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temporary folder)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    base = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
-    try:
-        per_rank = run_ranks(bench, args.ranks, base, args.repeats, timeout=1800)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    total = per_rank[0]["bytes"]
-    raw_total = sum(r["raw_bytes"] for r in per_rank)
-    sync = max(r["sync"] for r in per_rank)
-    raw = max(r["raw"] for r in per_rank)
-    stall = max(r["stall"] for r in per_rank)
-    async_total = max(r["async_total"] for r in per_rank)
-    step = max(r["step"] for r in per_rank)
-    params = LAYERS * (WIDTH * WIDTH + WIDTH)
-    print(f"model: {params / 1e6:.1f}M parameters + AdamW state, FSDP2 full_shard over {args.ranks} gloo ranks, "
-          f"torch {torch.__version__}; medians of {args.repeats}")
-    print(f"checkpoint size:           {total / 1e9:.3f} GB ({raw_total / 1e9:.3f} GB of shards)")
-    print(f"sharded save (sync):       {total / 1e9 / sync:6.2f} GB/s  ({sync:.2f} s to committed)")
-    print(f"raw sequential write:      {raw_total / 1e9 / raw:6.2f} GB/s  ({raw:.2f} s incl. fsync)")
-    print(f"ratio save/raw:            {(total / sync) / (raw_total / raw):6.2f}   (target >= 0.5)")
-    print(f"async save: loop stall     {stall:.3f} s = {stall / sync:.3f} of a sync save   (target <= 0.2); "
-          f"(training step alone {step:.2f} s; async save + one step, to committed {async_total:.2f} s)")
+    for ranks in (int(n) for n in args.ranks.split(",")):
+        base = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
+        try:
+            per_rank = run_ranks(bench, ranks, base, args.repeats, timeout=1800)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        report(ranks, per_rank, args.repeats)
 
 
 if __name__ == "__main__":

@@ -187,6 +187,8 @@ class CheckpointConfig:
     interval_steps: int = setting(50, minimum=0, help="steps between checkpoints; 0 saves only at the end")
     keep_last: int = setting(3, minimum=1, help="committed checkpoints to keep")
     async_save: bool = setting(True, key="async", help="save in the background; the loop stalls only for staging")
+    preemption_vote_seconds: float = setting(1.0, minimum=0, help="seconds between the ranks' votes on whether one got SIGTERM; "
+                                       "0 votes after every step")
     enabled: bool = setting(True, help="false: never save nor resume")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import threading
@@ -60,25 +61,35 @@ def _gather(obj: Any, group: dist.ProcessGroup | None) -> list[Any]:
     return out
 
 
-def _any(flag: bool, group: dist.ProcessGroup | None) -> bool:
-    if group is None:
-        return flag
-    t = torch.tensor([int(flag)])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return bool(t.item())
-
-
 def _barrier(group: dist.ProcessGroup | None) -> None:
     if group is not None:
         dist.barrier(group=group)
 
 
+_SHARD_WRITER = re.compile(r"^__(\d+)_")  # DCP's shard file names: __<rank>_<n>.distcp
+
+
+def _checker(name: str, index: int, saved_world: Any, world: int) -> int:
+    """The rank that verifies a file: for a shard, the rank that takes over its writer's part of the
+    state (whose load then reads the file again from the page cache), else one in turn."""
+    writer = _SHARD_WRITER.match(name)
+    if writer and isinstance(saved_world, int) and 0 <= int(writer.group(1)) < saved_world:
+        return int(writer.group(1)) * world // saved_world
+    return index % world
+
+
 def _verify(folder: Path, manifest: dict[str, Any], group: dist.ProcessGroup | None) -> list[str]:
     """Check every file against the manifest, each rank reading its share; all ranks get all problems."""
-    names = sorted(manifest["files"])
     rank, world = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
-    mine = store.verify_files(folder, manifest["files"], names[rank::world])
-    return [problem for problems in _gather(mine, group) for problem in problems]
+    mine = [name for index, name in enumerate(sorted(manifest["files"]))
+            if _checker(name, index, manifest.get("world_size"), world) == rank]
+    problems = store.verify_files(folder, manifest["files"], mine)
+    return [problem for problems in _gather(problems, group) for problem in problems]
+
+
+def steps_between_votes(period_s: float, step_s: float) -> int:
+    """Steps until the next preemption vote, for votes about period_s apart (at least every step)."""
+    return max(1, int(period_s / step_s)) if step_s > 0 else 1
 
 
 def _write_termination_message() -> None:
@@ -115,8 +126,10 @@ class CheckpointManager:
         self._hook: Any = None
         self._stop_requested = False
         self._previous_handler: Any = None
+        self._next_vote: int | None = None  # step of the next preemption vote; None: the next step
+        self._last_vote: tuple[int, float] | None = None  # (step, time.perf_counter()) of the latest vote
         # Two groups: async saves talk on one from a background thread; restore,
-        # barriers and the per-step SIGTERM vote talk on the other from this thread.
+        # barriers and the SIGTERM votes talk on the other from this thread.
         # Creating a group is a collective: only when checkpoints are on (the same on every rank).
         distributed = cfg.enabled and dist.is_initialized()
         self._save_group = dist.new_group(backend="gloo") if distributed else None
@@ -187,16 +200,39 @@ class CheckpointManager:
         """Call after every optimizer step (state.step already advanced)."""
         if not self.cfg.enabled:
             return
-        if _any(self._stop_requested, self._group):
-            self._preempt(state)
         interval = self.cfg.interval_steps
-        if interval and state.step % interval == 0:
+        saving = bool(interval) and state.step % interval == 0
+        # A save is collective anyway, so the ranks vote before each one as well.
+        if (saving or self._next_vote is None or state.step >= self._next_vote) and self._vote(state.step):
+            self._preempt(state)
+        if saving:
             self._save(state, blocking=not self.cfg.async_save)
 
+    def _vote(self, step: int) -> bool:
+        """Whether any rank got SIGTERM. Collective: every rank votes at the same steps.
+
+        One all-reduce of (SIGTERM seen, seconds since the previous vote); from
+        the slowest rank's time per step, every rank computes the same next
+        vote step, about `preemption_vote_seconds` later.
+        """
+        now = time.perf_counter()
+        if self._group is None:
+            return self._stop_requested  # nothing to agree on: look after every step, for free
+        since = now - self._last_vote[1] if self._last_vote else 0.0
+        votes = torch.tensor([float(self._stop_requested), since], dtype=torch.float64)
+        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self._group)
+        stop, since = bool(votes[0]), float(votes[1])
+        steps = step - self._last_vote[0] if self._last_vote else 0
+        self._next_vote = step + steps_between_votes(self.cfg.preemption_vote_seconds, since / steps if steps else 0.0)
+        self._last_vote = (step, now)
+        return stop
+
     def finish(self, state: TrainState) -> None:
-        """Final save; returns once it is committed on disk."""
+        """Final save; returns once it is committed on disk (after a SIGTERM since the last vote: Preempted)."""
         if not self.cfg.enabled:
             return
+        if self._vote(state.step):
+            self._preempt(state)
         self.wait()
         if state.step != self._saved_step:
             self._save(state, blocking=True)

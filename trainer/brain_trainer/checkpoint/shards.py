@@ -7,19 +7,48 @@ their sizes and checksums; rank 0 then commits the folder (store.commit).
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import sys
 import warnings
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.futures import Future as TorchFuture
+from torch.utils.serialization import config as serialization_config
 
 from . import store
+
+
+class _ChecksummedFiles(FileSystem):
+    """DCP's local file system, checksumming each file it writes as the bytes go out."""
+
+    def __init__(self) -> None:
+        self.digests: dict[str, dict[str, Any]] = {}
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        # The file's own CRC-32 covers every byte and is verified at load, and
+        # torch.load never checks the one torch.save computes per tensor: skip
+        # that second pass over the data. The patch holds in this thread only.
+        with super().create_stream(path, mode) as raw, serialization_config.patch({"save.compute_crc32": False}):
+            stream = store.ChecksummingWriter(raw)
+            yield stream
+        self.digests[Path(path).name] = stream.checksum.digest()
 
 
 class ShardWriter(dcp.FileSystemWriter):
@@ -27,11 +56,12 @@ class ShardWriter(dcp.FileSystemWriter):
 
     def __init__(self, path: Path):
         super().__init__(path, sync_files=True)
+        self.fs = _ChecksummedFiles()
 
     def write_data(self, plan, planner) -> TorchFuture:
         done = super().write_data(plan, planner)
-        written = {result.storage_data.relative_path for result in done.wait()}
-        store.write_shard_sums(Path(self.path), sorted(written))
+        written = sorted({result.storage_data.relative_path for result in done.wait()})
+        store.write_shard_sums(Path(self.path), {name: self.fs.digests[name] for name in written})
         return done
 
 
@@ -69,13 +99,72 @@ def async_save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGrou
     return response.staging_completion, response.upload_completion
 
 
+def _row_range(saved: torch.Tensor, item: ReadItem) -> tuple[int, int] | None:
+    """(offset, size) in bytes of what `item` reads of the saved tensor, when those bytes are one run."""
+    if not saved.is_contiguous() or saved.storage_offset() != 0:
+        return None
+    if any(item.storage_offsets[1:]) or tuple(item.lengths[1:]) != tuple(saved.shape[1:]):
+        return None  # not whole rows: the bytes are scattered
+    row = math.prod(saved.shape[1:]) * saved.element_size()
+    if saved.dim() == 0:
+        return 0, row
+    return item.storage_offsets[0] * row, item.lengths[0] * row
+
+
+class ShardReader(dcp.FileSystemReader):
+    """DCP's file reader, reading a tensor straight into its destination where the layout allows.
+
+    DCP unpickles each saved tensor into new memory and then copies it into
+    place. When the destination is a plain contiguous CPU tensor and what it
+    takes of the saved one is whole rows (all of it when resuming at the same
+    world size, a range of rows after resharding dim-0 shards), one read from
+    the file fills it instead. Everything else takes DCP's own path.
+    """
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> TorchFuture:
+        by_file: dict[str, list[ReadItem]] = {}
+        rest = []
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            if item.type == LoadItemType.TENSOR and not info.transform_descriptors:
+                by_file.setdefault(info.relative_path, []).append(item)
+            else:
+                rest.append(item)
+        for relative_path, items in by_file.items():
+            with self.fs.create_stream(self.fs.concat_path(self.path, relative_path), "rb") as stream:
+                for item in sorted(items, key=lambda item: self.storage_data[item.storage_index].offset):
+                    if not self._read_in_place(stream, item, planner):
+                        rest.append(item)
+        return super().read_data(dataclasses.replace(plan, items=rest), planner)
+
+    def _read_in_place(self, stream: Any, item: ReadItem, planner: LoadPlanner) -> bool:
+        info = self.storage_data[item.storage_index]
+        target = planner.resolve_tensor(item).detach()
+        if type(target) is not torch.Tensor or target.device.type != "cpu" or not target.is_contiguous():
+            return False
+        blob = self._slice_file(stream, info)
+        record = torch._C.PyTorchFileReader(blob)
+        if not record.has_record("byteorder") or record.get_record("byteorder").decode() != sys.byteorder:
+            return False
+        blob.seek(0)
+        saved = torch.load(blob, map_location="meta", weights_only=True)  # shape, strides, dtype; no data read
+        rows = _row_range(saved, item)
+        if rows is None or saved.dtype != target.dtype or rows[1] != target.nbytes:
+            return False
+        stream.seek(info.offset + saved.untyped_storage()._checkpoint_offset + rows[0])
+        if stream.readinto(target.view(-1).view(torch.uint8).numpy()) != rows[1]:
+            raise OSError(f"{info.relative_path}: ends inside {item.storage_index.fqn}")
+        planner.commit_tensor(item, target)
+        return True
+
+
 def saved_keys(folder: Path) -> set[str]:
     return set(dcp.FileSystemReader(folder).read_metadata().state_dict_metadata)
 
 
 def load(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> None:
     """Fill state_dict in place from folder, resharding to this run's layout as needed."""
-    dcp.load(state_dict, storage_reader=dcp.FileSystemReader(folder), **_dist_kwargs(group))
+    dcp.load(state_dict, storage_reader=ShardReader(folder), **_dist_kwargs(group))
 
 
 def load_prefix(folder: Path, prefix: str) -> dict[str, Any]:
@@ -89,5 +178,5 @@ def load_prefix(folder: Path, prefix: str) -> dict[str, Any]:
             template[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
         elif isinstance(meta, BytesStorageMetadata):
             template[key] = None
-    dcp.load(template, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+    dcp.load(template, storage_reader=ShardReader(folder), no_dist=True)
     return {key[len(prefix) + 1 :]: value for key, value in template.items()}
