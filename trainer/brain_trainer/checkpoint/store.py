@@ -60,11 +60,18 @@ class Checksum:
 
 
 def file_digest(path: Path) -> dict[str, Any]:
-    """Size and CRC-32 of a file, checksummed where it lies in the page cache (mapped, not copied out)."""
+    """Size and CRC-32 of a file, checksummed where it lies in the page cache (mapped, not copied out).
+
+    One `_CHUNK` window is mapped at a time: a whole-file mapping would count
+    the entire shard in the process's resident memory (and its cgroup's) at once.
+    """
     checksum = Checksum()
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size:  # an empty file cannot be mapped
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+        size = os.fstat(f.fileno()).st_size
+        for offset in range(0, size, _CHUNK):  # _CHUNK is a multiple of mmap.ALLOCATIONGRANULARITY
+            length = min(_CHUNK, size - offset)
+            with mmap.mmap(f.fileno(), length, offset=offset, access=mmap.ACCESS_READ) as mapped, \
+                    memoryview(mapped) as view:
                 checksum.update(view)
     return checksum.digest()
 
