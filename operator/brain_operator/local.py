@@ -116,6 +116,10 @@ class _Group:
             # An emptyDir starts empty with every pod.
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
+        for worker in plan.workers:
+            # So does a container's termination message.
+            worker.termination_log.parent.mkdir(parents=True, exist_ok=True)
+            worker.termination_log.unlink(missing_ok=True)
         self.procs: list[subprocess.Popen] = []
         self.readers: list[threading.Thread] = []
         try:

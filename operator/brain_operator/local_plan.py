@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional
 
-from brain_trainer.contract import CONFIG_FILE, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, PROGRESS_FILE_ENV
+from brain_trainer.contract import CONFIG_FILE, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, PROGRESS_FILE_ENV, TERMINATION_LOG_ENV
 
 from .names import workers_service_name
 from .render.workers import (
@@ -60,12 +60,14 @@ class LocalRunError(RuntimeError):
 
 @dataclass(frozen=True)
 class LocalWorker:
-    """One worker pod as a local torchrun agent; `scratch_dirs` are its emptyDirs."""
+    """One worker pod as a local torchrun agent; `scratch_dirs` are its emptyDirs, `termination_log` its
+    container's termination message file."""
 
     name: str
     argv: list[str]
     env: dict[str, str]
     scratch_dirs: list[Path]
+    termination_log: Path
 
 
 @dataclass(frozen=True)
@@ -188,11 +190,13 @@ def plan_local(
         # The address this agent advertises to the others (the pod IP in a cluster).
         env[LOCAL_ADDR_ENV] = LOOPBACK
         env[PROGRESS_FILE_ENV] = str(progress_file)
+        termination_log = workdir / "tmp" / worker.name / "termination-log"
+        env[TERMINATION_LOG_ENV] = str(termination_log)
         # torchrun sets one thread per process only when a node runs several; local
         # agents share one machine, so its cores are split between all processes.
         env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // procs)))
         argv = [python, "-m", "torch.distributed.run", *(rewrite_path(a, mounts) for a in worker.container.args)]
-        local_workers.append(LocalWorker(worker.name, argv, env, list(scratch.values())))
+        local_workers.append(LocalWorker(worker.name, argv, env, list(scratch.values()), termination_log))
 
     config_folder = next(shared[v.name] for v in workers[0].container.volumes if v.kind == CONFIG_MAP)
     return LocalPlan(

@@ -25,6 +25,7 @@ BRAINTRAIN = Path(sys.executable).with_name("braintrain")
 STEPS = 20
 # The example's volumeClaimTemplate makes the claim <job>-checkpoints: locally, a folder of the claims folder.
 CLAIM = "local-minimal-checkpoints"
+WATCHDOG_FLOOR = 30
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,6 +34,8 @@ def write_job(path: Path, steps: int = STEPS) -> Path:
     job = yaml.safe_load(EXAMPLE.read_text())
     job["spec"]["training"].update(steps=steps, logInterval=5)
     job["spec"]["checkpoint"].update(intervalSteps=5)
+    # A frozen peer is noticed after WATCHDOG_FLOOR s (the steps take far less), once each (re)start warmed up.
+    job["spec"]["watchdog"] = {"floorSeconds": WATCHDOG_FLOOR, "warmupSteps": 2, "checkpointSeconds": 2 * WATCHDOG_FLOOR}
     path.write_text(yaml.safe_dump(job))
     return path
 
@@ -114,6 +117,41 @@ def agent_of(pod_index: int, workdir: Path) -> int:
     raise AssertionError(f"no torchrun agent for pod {pod_index} of {workdir}")
 
 
+def trainer_of(rank: int, workdir: Path) -> int:
+    """The pid of the trainer process of `rank` in the run in `workdir`."""
+    progress = f"BRAIN_PROGRESS_FILE={workdir / 'progress.json'}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"brain_trainer" in cmdline and progress in environ and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no trainer of rank {rank} in {workdir}")
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a process that has not ended (a zombie has ended; a stopped one has not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def same_final_weights(workdir: Path, reference_dir: Path, scratch: Path) -> None:
+    scratch.mkdir()
+    final = f"step-{STEPS:08d}"
+    ours = model_weights(claim_of(workdir) / final, scratch)
+    theirs = model_weights(claim_of(reference_dir) / final, scratch)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """One uninterrupted run of the job."""
@@ -165,14 +203,56 @@ def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(r
     fields = summary(out)
     assert fields["status"] == "Succeeded" and int(fields["restarts"]) >= 1
     assert "local-minimal-worker-1 exited with -9: restarting all workers" in out
-    scratch = tmp_path / "weights"
-    scratch.mkdir()
-    final = f"step-{STEPS:08d}"
-    ours = model_weights(claim_of(workdir) / final, scratch)
-    theirs = model_weights(claim_of(reference_dir) / final, scratch)
-    assert ours.keys() == theirs.keys()
-    for name in ours:
-        assert torch.equal(ours[name], theirs[name]), name
+    same_final_weights(workdir, reference_dir, tmp_path / "weights")
+
+
+@pytest.mark.timeout(600)
+def test_a_frozen_trainer_is_noticed_by_its_peer_and_the_group_resumes_with_the_same_weights(reference, tmp_path):
+    job, reference_dir, code, _ = reference
+    assert code == 0
+    workdir = tmp_path / "run"
+    proc = start(job, workdir)
+    frozen = committed_at_freeze = None
+    resumed, lines = [], []
+    # Freeze rank 1 (worker pod 1) once a checkpoint is committed and training goes on: rank 0
+    # waits for it in a collective until its watchdog ends it; torchrun restarts the group.
+    for line in proc.stdout:
+        lines.append(line)
+        if frozen is None:
+            steps = committed_steps(workdir)
+            if steps and steps[-1] < STEPS and progress_step(workdir) < STEPS:
+                frozen, committed_at_freeze = trainer_of(1, workdir), steps[-1]
+                os.kill(frozen, signal.SIGSTOP)
+        elif "resumed from" in line:
+            # The new group formed only once worker pod 1's agent had ended the frozen trainer.
+            resumed.append((line, alive(frozen)))
+    out = "".join(lines)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise
+    finally:
+        if frozen is not None and alive(frozen):
+            os.kill(frozen, signal.SIGKILL)
+    assert code == 0, out
+    assert frozen is not None, "the run ended before a trainer could be frozen"
+    assert summary(out)["status"] == "Succeeded"
+    # Rank 0 (worker pod 0) noticed within the floor the job configured, not the process group's 30-minute timeout.
+    stalled = [line for line in out.splitlines() if "brain_trainer.watchdog ERROR stalled: " in line]
+    assert len(stalled) == 1 and stalled[0].startswith("[local-minimal-worker-0] "), out
+    assert f"(limit {WATCHDOG_FLOOR} s: floorSeconds;" in stalled[0]
+    # Its stacks are in the log: the main thread where it waited, the watchdog's own.
+    assert "[local-minimal-worker-0] Thread 0x" in out and "most recent call first" in out
+    assert 'brain_trainer/watchdog.py", line' in out and 'brain_trainer/train.py", line' in out
+    message = (workdir / "tmp" / "local-minimal-worker-0" / "termination-log").read_text()
+    assert message.startswith("brain.ai/stalled: ")
+    # The group resumed from the newest checkpoint, with the frozen trainer gone, and finished as if nothing happened.
+    assert len(resumed) == 1 and not resumed[0][1], resumed
+    step = int(resumed[0][0].split("/step-")[1][:8])
+    assert committed_at_freeze <= step < STEPS
+    assert not alive(frozen)
+    same_final_weights(workdir, reference_dir, tmp_path / "weights")
 
 
 def test_a_finished_job_is_complete_and_a_new_run_on_the_same_claim_continues(reference):

@@ -60,7 +60,7 @@ def test_the_pod_env_is_carried_over_except_what_must_change_locally():
     job = parse_job(manifest(), require_image=False)
     pods = [o for o in render_elastic(job) if o["kind"] == "Pod"]
     p = plan()
-    local_only = {"PET_RDZV_ENDPOINT", "PET_LOCAL_ADDR", "BRAIN_PROGRESS_FILE", "OMP_NUM_THREADS"}
+    local_only = {"PET_RDZV_ENDPOINT", "PET_LOCAL_ADDR", "BRAIN_PROGRESS_FILE", "BRAIN_TERMINATION_LOG", "OMP_NUM_THREADS"}
     for pod, worker in zip(pods, p.workers):
         pod_env = {v["name"]: v["value"] for v in pod["spec"]["containers"][0]["env"]}
         assert {k: v for k, v in worker.env.items() if k not in local_only} == {
@@ -87,6 +87,10 @@ def test_volumes_become_folders_under_the_workdir_and_claims_under_the_claims_fo
     assert p.workers[1].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-1" / "dshm"]
     assert p.progress_file == WORKDIR / "progress.json"
     assert all(w.env["BRAIN_PROGRESS_FILE"] == str(p.progress_file) for w in p.workers)
+    # Each pod's termination message is its own file, never the host's /dev/termination-log.
+    assert [w.env["BRAIN_TERMINATION_LOG"] for w in p.workers] == [
+        str(w.termination_log) for w in p.workers
+    ] == [str(WORKDIR / "tmp" / f"local-minimal-worker-{i}" / "termination-log") for i in (0, 1)]
 
 
 def test_trainer_yaml_is_the_rendered_one_with_local_paths_and_port():

@@ -200,6 +200,26 @@ class MetricsConfig:
 
 
 @dataclass
+class WatchdogConfig:
+    """The hang watchdog: a rank whose optimizer steps stop dumps its stacks and exits, so torchrun restarts the group."""
+
+    enabled: bool = setting(True, help="watch every rank for a step that does not finish")
+    step_time_factor: float = setting(
+        10.0, minimum=1, help="a step is stalled after this many times the median step time (or floorSeconds if longer)"
+    )
+    floor_seconds: float = setting(300.0, minimum=0, exclusive_minimum=True, help="the shortest limit of a step")
+    warmup_steps: int = setting(
+        5, minimum=1, help="the first steps of every (re)start, which build, restore, compile: each gets startupSeconds"
+    )
+    startup_seconds: float = setting(
+        1800.0, minimum=0, exclusive_minimum=True, help="the limit of each warm-up step, from the start to its end"
+    )
+    checkpoint_seconds: float = setting(
+        1800.0, minimum=0, exclusive_minimum=True, help="the limit of a checkpoint save the loop waits for"
+    )
+
+
+@dataclass
 class TrainerSections:
     """The sections trainer.yaml and a BrainTrainingJob's spec share, under the same names, with the rules across them."""
 
@@ -207,6 +227,7 @@ class TrainerSections:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.model.entrypoint is None:

@@ -57,6 +57,13 @@ CONFIG_ERROR = 2
 # Written to the termination log alongside PREEMPTED, so the operator can tell a
 # preemption even when torchrun reports its own exit code.
 PREEMPTED_MESSAGE = "brain.ai/preempted"
+# The hang watchdog saw no optimizer step within its limit (a peer stuck in a
+# collective, a dead link), dumped every thread's stack and exited, so torchrun
+# restarts the group from the newest checkpoint. A failure: it counts against
+# the restart budgets. Outside sysexits' 64-78 and below the signal codes (128+).
+STALLED = 86
+# Written to the termination log as `brain.ai/stalled: <what it saw>`.
+STALLED_MESSAGE = "brain.ai/stalled"
 
 # -- checkpoint folders --
 

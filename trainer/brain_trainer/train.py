@@ -44,6 +44,7 @@ from .memory_report import InitMemory, gather_init_memory, peak_host_bytes
 from .progress import write_progress
 from .schedule import WarmupCosine, follow_config, peak_learning_rate
 from .schema import ConfigError, FieldError
+from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -213,13 +214,16 @@ def _launched(args: Namespace) -> TrainResult:
     with contextlib.ExitStack() as cleanup:  # undone in reverse order, whatever happens
         if ensure_process_group(cfg.distributed, rank, world_size):
             cleanup.callback(dist.destroy_process_group)
+        # From here on a rank that hangs (on a peer, a collective, storage) ends itself (watchdog.py).
+        watchdog = Watchdog(cfg.watchdog)
+        cleanup.callback(watchdog.close)
         reporter = Reporter(cfg, rank)
         cleanup.callback(reporter.close)
-        return _run(cfg, args.dataset, rank, world_size, device, reporter, cleanup)
+        return _run(cfg, args.dataset, rank, world_size, device, reporter, watchdog, cleanup)
 
 
 def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter,
-         cleanup: contextlib.ExitStack) -> TrainResult:
+         watchdog: Watchdog, cleanup: contextlib.ExitStack) -> TrainResult:
     training = cfg.training
     dist_cfg = resolve_strategy(cfg, world_size, device)
     accumulation = cfg.accumulation_steps(world_size)
@@ -244,7 +248,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
 
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash(),
-                             manifest_fields=manifest_fields(cfg.model, source))
+                             manifest_fields=manifest_fields(cfg.model, source), save_guard=watchdog.checkpointing)
     # After finish() or a preemption it is closed already; after an error this
     # gives SIGTERM back its default meaning without waiting for a save in flight.
     cleanup.callback(ckpt.close, wait=False)
@@ -296,6 +300,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         state.step += 1
         state.sample_index += global_batch
         sample_log.record(state.step)
+        watchdog.stepped(state.step)
         ckpt.after_step(state)
         if state.step % training.log_interval and state.step != training.steps:
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -11,7 +12,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -23,8 +24,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import CheckpointConfig
-from ..contract import PREEMPTED, PREEMPTED_MESSAGE, TERMINATION_LOG, TERMINATION_LOG_ENV
+from ..contract import PREEMPTED, PREEMPTED_MESSAGE
 from ..launcher import restart_count
+from ..termination import write_termination_message
 from . import shards, store
 from .state import TrainState, rng_key
 
@@ -92,15 +94,6 @@ def steps_between_votes(period_s: float, step_s: float) -> int:
     return max(1, int(period_s / step_s)) if step_s > 0 else 1
 
 
-def _write_termination_message() -> None:
-    path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
-    try:
-        with open(path, "w") as f:
-            f.write(PREEMPTED_MESSAGE)
-    except OSError:
-        pass  # not in a container, or not writable: the exit code still says it
-
-
 class CheckpointManager:
     """Saves TrainState every `interval_steps` into `cfg.dir` and resumes from it.
 
@@ -110,8 +103,10 @@ class CheckpointManager:
     """
 
     def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_hash: str,
-                 manifest_fields: dict[str, Any] | None = None):
+                 manifest_fields: dict[str, Any] | None = None,
+                 save_guard: Callable[[], ContextManager[Any]] = contextlib.nullcontext):
         self.cfg = cfg
+        self.save_guard = save_guard  # entered around each save the loop waits for (the hang watchdog's)
         self.manifest_fields = manifest_fields or {}  # more facts for every manifest (the model, where it started from)
         self.rank = rank
         self.world_size = world_size
@@ -206,7 +201,8 @@ class CheckpointManager:
         if (saving or self._next_vote is None or state.step >= self._next_vote) and self._vote(state.step):
             self._preempt(state)
         if saving:
-            self._save(state, blocking=not self.cfg.async_save)
+            with self.save_guard():
+                self._save(state, blocking=not self.cfg.async_save)
 
     def _vote(self, step: int) -> bool:
         """Whether any rank got SIGTERM. Collective: every rank votes at the same steps.
@@ -233,10 +229,11 @@ class CheckpointManager:
             return
         if self._vote(state.step):
             self._preempt(state)
-        self.wait()
-        if state.step != self._saved_step:
-            self._save(state, blocking=True)
-        _barrier(self._group)
+        with self.save_guard():
+            self.wait()
+            if state.step != self._saved_step:
+                self._save(state, blocking=True)
+            _barrier(self._group)
         self.close()
 
     def wait(self) -> None:
@@ -267,11 +264,12 @@ class CheckpointManager:
     def _preempt(self, state: TrainState) -> None:
         if self.rank == 0:
             log.warning("SIGTERM: saving step %d before exiting with code %d", state.step, PREEMPTED)
-        self.wait()
-        if state.step != self._saved_step:
-            self._save(state, blocking=True)
-        _barrier(self._group)  # rank 0 has committed before any rank exits
-        _write_termination_message()
+        with self.save_guard():
+            self.wait()
+            if state.step != self._saved_step:
+                self._save(state, blocking=True)
+            _barrier(self._group)  # rank 0 has committed before any rank exits
+        write_termination_message(PREEMPTED_MESSAGE)
         self.close()
         raise Preempted()
 
