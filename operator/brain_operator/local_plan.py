@@ -179,6 +179,11 @@ def plan_local(
     progress_file = workdir / "progress.json"
     checkpoint_dir = shared[CHECKPOINT_VOLUME]
     config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port)
+    if config.metrics.tensorboard_dir:
+        # Rank 0 (worker 0) writes it: on a volume, the volume's local folder; else relative to the work directory.
+        mounts = {v.mount_path: shared[v.name] for v in workers[0].container.volumes if v.name in shared}
+        metrics = replace(config.metrics, tensorboard_dir=rewrite_path(config.metrics.tensorboard_dir, mounts))
+        config = replace(config, metrics=metrics)
 
     local_workers = []
     for worker in workers:

@@ -113,6 +113,15 @@ def test_checkpoints_are_shared_even_when_the_cluster_would_use_pod_scratch():
     assert p.workers[0].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-0" / "dshm"]
 
 
+@pytest.mark.parametrize("tensorboard, local", [
+    ("/checkpoints/tensorboard", str(CLAIM / "tensorboard")),  # on the claim: its local folder
+    ("tensorboard", "tensorboard"),  # relative: below the work directory, where the trainers run
+])
+def test_the_tensorboard_folder_is_moved_like_any_in_pod_path(tensorboard, local):
+    p = plan(metrics={"tensorboardDir": tensorboard})
+    assert local_trainer_yaml(p)["metrics"]["tensorboard_dir"] == local
+
+
 def test_a_named_claim_is_the_folder_of_that_name_in_the_claims_folder():
     p = plan(checkpoint={"claimName": "shared-ckpt"})
     assert p.checkpoint_dir == CLAIMS / "shared-ckpt"

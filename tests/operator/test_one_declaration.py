@@ -57,7 +57,7 @@ def test_the_spec_sections_are_the_trainer_classes():
     trainer_types = {name: TrainerConfig.__dataclass_fields__[name].default_factory for name in spec_types}
     for name, spec_type in spec_types.items():
         assert issubclass(spec_type, trainer_types[name]), name
-    assert set(spec_types) == {"model", "training", "distributed", "data", "watchdog", "checkpoint"}
+    assert set(spec_types) == {"model", "training", "distributed", "data", "watchdog", "metrics", "checkpoint"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -66,7 +66,7 @@ def test_manifest_to_configmap_to_trainer_config_and_back_is_lossless(path):
     text = build_config_map(job)["data"][CONFIG_FILE]
     cfg = TrainerConfig.from_dict(yaml.safe_load(text))
     back = spec_to_dict(job.spec)
-    for section in ("model", "training", "distributed", "data", "watchdog"):
+    for section in ("model", "training", "distributed", "data", "watchdog", "metrics"):
         back[section] = to_dict(getattr(cfg, section), camel_case=True)
     back["checkpoint"] = {**back["checkpoint"], **to_dict(cfg.checkpoint, camel_case=True)}
     again = parse_job({"apiVersion": "brain.ai/v1alpha1", "kind": "BrainTrainingJob", "metadata": {"name": job.name},

@@ -18,13 +18,26 @@ def test_serves_progress_and_metrics(monkeypatch):
     server = MetricsServer(0, host="127.0.0.1")
     try:
         assert json.loads(fetch(server.port, "/progress")) == {}
+        server.describe(version="1.2.3", preset="minimal", strategy="ddp", world_size="2")
         server.publish(Progress(step=7, total_steps=20, loss=2.5, tokens_per_second=1000.0, last_checkpoint_step=5),
-                       step_time=0.25, learning_rate=1e-3)
+                       step_times=[0.25, 0.75, 3.0], tokens=3 * 512, learning_rate=1e-3, grad_norm=0.5, mfu=None)
         assert json.loads(fetch(server.port, "/progress"))["step"] == 7
-        text = fetch(server.port, "/metrics").decode()
+        lines = fetch(server.port, "/metrics").decode().splitlines()
         for line in ("brain_trainer_step 7.0", "brain_trainer_loss 2.5", "brain_trainer_last_checkpoint_step 5.0",
-                     "brain_trainer_step_time_seconds 0.25", "brain_trainer_learning_rate 0.001", "brain_trainer_restarts 2.0"):
-            assert line in text.splitlines(), line
+                     "brain_trainer_learning_rate 0.001", "brain_trainer_grad_norm 0.5", "brain_trainer_restarts 2.0",
+                     "brain_trainer_steps_total 3.0", "brain_trainer_tokens_total 1536.0",
+                     'brain_trainer_step_time_seconds_bucket{le="0.25"} 1.0',
+                     'brain_trainer_step_time_seconds_bucket{le="1.0"} 2.0',
+                     'brain_trainer_step_time_seconds_bucket{le="+Inf"} 3.0', "brain_trainer_step_time_seconds_sum 4.0",
+                     'brain_trainer_info{preset="minimal",strategy="ddp",version="1.2.3",world_size="2"} 1.0'):
+            assert line in lines, line
+        # Counters add up over publications; an unknown MFU (CPU) is no sample at all rather than a 0.
+        assert not any(line.startswith("brain_trainer_mfu") for line in lines)
+        server.publish(Progress(step=8), step_times=[0.5], tokens=512, mfu=0.41)
+        lines = fetch(server.port, "/metrics").decode().splitlines()
+        for line in ("brain_trainer_steps_total 4.0", "brain_trainer_tokens_total 2048.0", "brain_trainer_mfu 0.41",
+                     "brain_trainer_grad_norm 0.5"):
+            assert line in lines, line
     finally:
         server.close()
 

@@ -70,3 +70,8 @@ def test_progress_and_metrics_report_a_rising_step_and_the_logged_loss(tmp_path)
         assert metric(text, "brain_trainer_tokens_per_second") > 0
         assert metric(text, "brain_trainer_restarts") == 0
         assert metric(text, "brain_trainer_peak_memory_bytes") > 2**20  # a torch process holds far more than 1 MiB
+        # Counters of what this process ran: one step per logging step here, 2 ranks x 2 sequences x 16 tokens each.
+        assert metric(text, "brain_trainer_steps_total") == metric(text, "brain_trainer_step_time_seconds_count") == step
+        assert metric(text, "brain_trainer_tokens_total") == step * 2 * 2 * 16
+        assert metric(text, "brain_trainer_grad_norm") > 0
+        assert re.search(r'^brain_trainer_info\{preset="minimal",strategy="ddp",version="[^"]+",world_size="2"\} 1.0$', text, re.M)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from brain_trainer.config import DistributedConfig, TrainerConfig
 from brain_trainer.data import RankAwareDataLoader, SyntheticDataset
@@ -42,7 +43,7 @@ def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
         "distributed": {"strategy": "auto"},
         "data": {"source": "files", "path": stdlib_glob()},
         "checkpoint": {"dir": str(tmp_path / "checkpoints"), "interval_steps": 0},
-        "metrics": {"port": 0},
+        "metrics": {"port": 0, "tensorboard_dir": str(tmp_path / "tensorboard")},
     }
     cfg_path = tmp_path / "trainer.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
@@ -68,6 +69,18 @@ def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
     assert manifest["model"] == {"preset": "minimal"} and "init_from" not in manifest
     for rank in (0, 1):  # every rank says what it holds once initialised
         assert re.search(rf"rank {rank} after init: parameters [\d.]+ MB, peak host memory [\d.]+ MB$", proc.stdout, re.M)
+
+    # Rank 0 alone wrote TensorBoard scalars at every logging step: the logged loss, and the rest.
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    board = EventAccumulator(str(tmp_path / "tensorboard"))
+    board.Reload()
+    scalars = {tag: [(e.step, e.value) for e in board.Scalars(tag)] for tag in board.Tags()["scalars"]}
+    assert sorted(scalars) == ["train/grad_norm", "train/learning_rate", "train/loss", "train/tokens_per_second"]
+    assert [step for step, _ in scalars["train/loss"]] == [step for step, _ in logged]
+    assert [value for _, value in scalars["train/loss"]] == pytest.approx([loss for _, loss in logged], abs=1e-4)
+    assert all(value > 0 for tag in scalars for _, value in scalars[tag])
+    lrs = [value for _, value in scalars["train/learning_rate"]]
+    assert lrs[1] > lrs[-1], "warm-up, then cosine decay"
 
 
 def _small_job(strategy, **training):

@@ -194,9 +194,17 @@ class CheckpointConfig:
 
 @dataclass
 class MetricsConfig:
-    """Rank 0's HTTP endpoint: Prometheus metrics and the JSON progress document."""
+    """What rank 0 reports: its HTTP endpoint (Prometheus metrics, the JSON progress document) and TensorBoard scalars."""
 
     port: int = setting(METRICS_PORT, minimum=0, maximum=65535, derived=True, help="rank 0 serves /metrics and /progress here; 0 disables")
+    tensorboard_dir: Optional[str] = setting(
+        None, help="rank 0 writes TensorBoard scalars (loss, learning rate, tokens/s, gradient norm, MFU) into this folder; "
+        "in a cluster, a path on a mounted volume such as the checkpoint claim"
+    )
+    peak_flops: Optional[float] = setting(
+        None, minimum=0, exclusive_minimum=True,
+        help="peak FLOP/s of one device, for the MFU metric; default: the bf16 dense figure of a known GPU, none on CPU",
+    )
 
 
 @dataclass
@@ -228,6 +236,7 @@ class TrainerSections:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     data: DataConfig = field(default_factory=DataConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.model.entrypoint is None:
@@ -249,7 +258,6 @@ class TrainerConfig(TrainerSections):
     """Everything `python -m brain_trainer --config FILE` needs."""
 
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def resolved(self) -> "TrainerConfig":
         """The config with the model preset's recommendations in the unset distributed fields; idempotent."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import typing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from .contract import METRICS_PATH, PROGRESS_PATH, RESTART_COUNT_ENV, Progress
 from .launcher import restart_count
@@ -30,12 +31,15 @@ _FROM_PROGRESS = {
     for f in dataclasses.fields(Progress)
     if typing.get_type_hints(Progress)[f.name] in _NUMBERS
 }
-# keyword of publish() -> (metric name, help)
+# keyword of publish() -> (gauge name, help)
 _EXTRAS = {
-    "step_time": ("brain_trainer_step_time_seconds", "Wall time of one optimizer step"),
     "learning_rate": ("brain_trainer_learning_rate", "Current learning rate"),
     "peak_memory_bytes": ("brain_trainer_peak_memory_bytes", "Peak accelerator (or host) memory of rank 0"),
+    "grad_norm": ("brain_trainer_grad_norm", "Total gradient norm before clipping, at the last logged step"),
+    "mfu": ("brain_trainer_mfu", "Model FLOPs utilisation: 6 x parameters x tokens/s over the devices' peak FLOP/s"),
 }
+# From milliseconds (small models on GPUs) to minutes (large models, slow links).
+STEP_TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
 # field of memory_report.InitMemory -> (metric name, help), one sample per rank
 _INIT_MEMORY = {
     "parameter_bytes": ("brain_trainer_init_parameter_bytes", "Bytes of parameters (shards) each rank holds after init"),
@@ -49,14 +53,19 @@ class MetricsServer:
 
     def __init__(self, port: int, host: str = "0.0.0.0"):
         self.registry = CollectorRegistry()
-        self._gauges = {
-            key: Gauge(name, doc, registry=self.registry) for key, (name, doc) in {**_FROM_PROGRESS, **_EXTRAS}.items()
-        }
+        self._gauges = {key: Gauge(name, doc, registry=self.registry) for key, (name, doc) in _FROM_PROGRESS.items()}
         restarts = Gauge(
             METRIC_PREFIX + "restarts", f"Worker-group restarts seen by torchrun ({RESTART_COUNT_ENV})",
             registry=self.registry,
         )
         restarts.set(restart_count())
+        self._steps = Counter(METRIC_PREFIX + "steps", "Optimizer steps this process ran", registry=self.registry)
+        self._tokens = Counter(METRIC_PREFIX + "tokens", "Tokens trained on over all ranks by the steps this process ran",
+                               registry=self.registry)
+        self._step_time = Histogram(METRIC_PREFIX + "step_time_seconds", "Wall time of each optimizer step",
+                                    buckets=STEP_TIME_BUCKETS, registry=self.registry)
+        self._info = Info(METRIC_PREFIX.rstrip("_"), "The trainer's version and the run's model, strategy and world size",
+                          registry=self.registry)
         self._init_gauges = {
             key: Gauge(name, doc, ["rank"], registry=self.registry) for key, (name, doc) in _INIT_MEMORY.items()
         }
@@ -71,17 +80,34 @@ class MetricsServer:
     def port(self) -> int:
         return self._server.server_address[1]
 
-    def publish(self, progress: Progress, **extras: Optional[float]) -> None:
-        """Record a new progress document; extras are step_time, learning_rate, peak_memory_bytes."""
+    def describe(self, **labels: str) -> None:
+        """brain_trainer_info: version, preset, strategy, world_size (set once the strategy is resolved)."""
+        with self._lock:
+            self._info.info(labels)
+
+    def publish(self, progress: Progress, *, step_times: Sequence[float] = (), tokens: int = 0,
+                **extras: Optional[float]) -> None:
+        """Record a new progress document, the steps since the last one (their times, their tokens over all
+        ranks) and the extras: learning_rate, peak_memory_bytes, grad_norm, mfu (None: not known)."""
         unknown = set(extras) - set(_EXTRAS)
         if unknown:
             raise TypeError(f"unknown metrics: {sorted(unknown)}")
         # Under the lock a scrape never sees the step of one update with the loss of another.
         with self._lock:
             self._progress = progress
-            for key, value in {**vars(progress), **extras}.items():
+            for key, value in vars(progress).items():
                 if key in self._gauges and isinstance(value, (int, float)):
                     self._gauges[key].set(value)
+            for key, value in extras.items():
+                if value is None or math.isnan(value):
+                    continue  # not known (MFU on CPU): no gauge rather than a misleading 0
+                if key not in self._gauges:
+                    self._gauges[key] = Gauge(*_EXTRAS[key], registry=self.registry)
+                self._gauges[key].set(value)
+            for seconds in step_times:
+                self._step_time.observe(seconds)
+            self._steps.inc(len(step_times))
+            self._tokens.inc(tokens)
 
     def publish_init_memory(self, ranks: list[dict[str, Any]]) -> None:
         """Each rank's memory after init (memory_report.InitMemory.as_dict()), labelled by rank."""

@@ -18,7 +18,7 @@ import os
 import time
 from argparse import Namespace
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,7 @@ from .config import DistributedConfig, TrainerConfig
 from .contract import PROGRESS_FILE_ENV, Progress, eta_seconds, format_time
 from .data import RankAwareDataLoader, build_dataset
 from .ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
+from .flops import mfu, peak_flops, training_flops_per_token
 from .fsdp import FSDPWrapper
 from .launcher import DistributedLauncher
 from .memory import resolve_distributed
@@ -44,7 +45,11 @@ from .memory_report import InitMemory, gather_init_memory, peak_host_bytes
 from .progress import write_progress
 from .schedule import WarmupCosine, follow_config, peak_learning_rate
 from .schema import ConfigError, FieldError
+from .version import __version__
 from .watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from .board import Scalars
 
 log = logging.getLogger(__name__)
 
@@ -138,19 +143,32 @@ def peak_memory_bytes(device: torch.device) -> int:
 
 
 class Reporter:
-    """Rank 0's outputs at logging steps: the log line, the progress document, the metrics endpoint."""
+    """Rank 0's outputs at logging steps: the log line, the progress document, the metrics endpoint, TensorBoard."""
 
     def __init__(self, cfg: TrainerConfig, rank: int):
         self.active = rank == 0
         self.total_steps = cfg.training.steps
         self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
         self.metrics = start_metrics_server(cfg.metrics.port) if self.active else None
+        self.tensorboard_dir = cfg.metrics.tensorboard_dir if self.active else None
+        self.scalars: Optional[Scalars] = None
         self.last: Optional[Progress] = None
 
-    def report(self, step: int, loss: float, tokens_per_second: float, step_time: float, lr: float,
-               last_checkpoint_step: Optional[int], peak_memory: int) -> None:
+    def started(self, step: int, **info: str) -> None:
+        """Once the run is set up at `step`: brain_trainer_info, and TensorBoard from the next step on."""
+        if self.metrics is not None:
+            self.metrics.describe(**info)
+        if self.tensorboard_dir:
+            from .board import Scalars  # imports tensorboard: only for runs that write it
+
+            self.scalars = Scalars(self.tensorboard_dir, first_step=step + 1)
+
+    def report(self, step: int, loss: float, *, tokens_per_second: float, step_times: list[float], tokens: int,
+               lr: float, last_checkpoint_step: Optional[int], peak_memory: int, grad_norm: float,
+               mfu: Optional[float]) -> None:
         if not self.active:
             return
+        step_time = sum(step_times) / len(step_times)
         log.info(
             "step %d/%d loss %.4f tokens/s %.0f step_time %.3fs lr %.3e",
             step, self.total_steps, loss, tokens_per_second, step_time, lr,
@@ -165,10 +183,16 @@ class Reporter:
                 last_checkpoint_step=last_checkpoint_step,
                 updated_at=format_time(),
             ),
-            step_time=step_time,
+            step_times=step_times,
+            tokens=tokens,
             learning_rate=lr,
             peak_memory_bytes=peak_memory,
+            grad_norm=grad_norm,
+            mfu=mfu,
         )
+        if self.scalars is not None:
+            self.scalars.write(step, loss=loss, learning_rate=lr, tokens_per_second=tokens_per_second,
+                               grad_norm=grad_norm, mfu=mfu)
 
     def init_memory(self, ranks: list[InitMemory]) -> None:
         """Every rank's memory after initialisation, on the metrics endpoint."""
@@ -180,7 +204,7 @@ class Reporter:
         if self.active and self.last is not None and step != self.last.last_checkpoint_step:
             self._publish(replace(self.last, last_checkpoint_step=step, updated_at=format_time()))
 
-    def _publish(self, progress: Progress, **extras: float) -> None:
+    def _publish(self, progress: Progress, **extras: Any) -> None:
         self.last = progress
         if self.progress_path:
             try:
@@ -193,6 +217,8 @@ class Reporter:
     def close(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+        if self.scalars is not None:
+            self.scalars.close()
 
 
 def train(cfg: TrainerConfig) -> TrainResult:
@@ -254,6 +280,10 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     cleanup.callback(ckpt.close, wait=False)
     if ckpt.restore(state) is not None:
         follow_config(scheduler, schedule, peak_lr)
+    reporter.started(state.step, version=__version__, preset=cfg.model.entrypoint or cfg.model.preset,
+                     strategy=dist_cfg.strategy, world_size=str(world_size))
+    flops_per_token = training_flops_per_token(sum(p.numel() for p in model.parameters()))
+    peak = peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None, cfg.metrics.peak_flops)
     sample_log = SampleLog.from_env(rank)
     dataset = sample_log.wrap(dataset)
 
@@ -280,7 +310,8 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     micro_losses = 0
     history: list[tuple[int, float]] = []
     first_step = last_log_step = state.step
-    start = last_log_time = time.perf_counter()
+    start = last_log_time = last_step_time = time.perf_counter()
+    step_times: list[float] = []  # of the steps since the last logging step
     micro_idx = 0
     while state.step < training.steps:
         x, y = next(batches)
@@ -302,19 +333,25 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         sample_log.record(state.step)
         watchdog.stepped(state.step)
         ckpt.after_step(state)
+        now = time.perf_counter()
+        step_times.append(now - last_step_time)
+        last_step_time = now
         if state.step % training.log_interval and state.step != training.steps:
             continue
         mean_loss = wrapper.all_reduce_metrics({"loss": running_loss.item() / micro_losses})["loss"]
         now = time.perf_counter()
         steps = state.step - last_log_step
-        step_time = (now - last_log_time) / steps
+        tokens_per_second = tokens_per_step * steps / (now - last_log_time)
         reporter.report(
-            state.step, mean_loss, tokens_per_step / step_time, step_time,
-            scheduler.get_last_lr()[0], committed_step(ckpt), peak_memory_bytes(device),
+            state.step, mean_loss, tokens_per_second=tokens_per_second, step_times=step_times,
+            tokens=tokens_per_step * steps, lr=scheduler.get_last_lr()[0], last_checkpoint_step=committed_step(ckpt),
+            peak_memory=peak_memory_bytes(device), grad_norm=acc.last_grad_norm,
+            mfu=mfu(tokens_per_second, flops_per_token, peak, world_size),
         )
         history.append((state.step, mean_loss))
         running_loss.zero_()
         micro_losses = 0
+        step_times = []
         last_log_step, last_log_time = state.step, now
     loop_seconds = time.perf_counter() - start
     ckpt.finish(state)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from brain_trainer.config import MetricsConfig, TrainerConfig
+from brain_trainer.config import TrainerConfig
 from brain_trainer.contract import METRICS_PORT
 from brain_trainer.memory import resolve_distributed
 from brain_trainer.schema import to_dict
@@ -72,7 +72,7 @@ def _sections(spec: JobSpec, *, checkpoint_dir: Optional[str] = None, metrics_po
         data=spec.data,
         watchdog=spec.watchdog,
         checkpoint=spec.checkpoint.trainer_config(checkpoint_dir or spec.checkpoint.mount_path),
-        metrics=MetricsConfig(port=metrics_port),
+        metrics=replace(spec.metrics, port=metrics_port),
     )
 
 
