@@ -55,6 +55,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_job(manifest, base_dir=args.file.resolve().parent, workdir=args.workdir, claims=args.claims)
 
 
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from .local import request_checkpoint
+
+    request = request_checkpoint(args.workdir)
+    print(f"braintrain: checkpoint requested ({request}): the workers commit one at their next step boundary")
+    return 0
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     from .render import render
 
@@ -143,6 +151,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="persistent volume claims, one folder each, named after the claim; they outlive the run (default: ./runs/claims)",
     )
+
+    p = command("checkpoint", cmd_checkpoint, "ask a running `braintrain run` for a checkpoint at its next step boundary")
+    p.add_argument("workdir", type=Path, metavar="WORKDIR", help="the run's work directory (default of run: ./runs/<job-name>)")
 
     p = command("render", cmd_render, "print the Kubernetes objects the operator creates for the job")
     manifest_arg(p)

@@ -30,14 +30,22 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, TextIO
 
 from brain_trainer.checkpoint.store import Candidate, list_checkpoints
-from brain_trainer.contract import PREEMPTED, PROGRESS_FILE_ENV
+from brain_trainer.contract import CONFIG_FILE, PREEMPTED, PROGRESS_FILE_ENV, format_time
 from brain_trainer.launcher import free_port
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
-from .local_plan import LocalPlan, LocalRunError, LocalWorker, localize, plan_local, process_env
+from .local_plan import (
+    LocalPlan,
+    LocalRunError,
+    LocalWorker,
+    checkpoint_request_file,
+    localize,
+    plan_local,
+    process_env,
+)
 from .spec import parse_job
 
-__all__ = ["free_port", "newest_committed", "planner", "run_job"]
+__all__ = ["free_port", "newest_committed", "planner", "request_checkpoint", "run_job"]
 
 # How often the runner looks at its processes and the progress document.
 POLL_SECONDS = 0.2
@@ -264,6 +272,21 @@ class _Runner:
             self.display.note(f"{name} exited with {code}: restarting all workers from the newest checkpoint")
             # A fresh rendezvous port: the old store's port may still be held.
             plan = self.plan_for(free_port())
+
+
+def request_checkpoint(workdir: Path) -> str:
+    """Ask the run in `workdir` for a checkpoint at its next step boundary; returns the request's text.
+
+    The same file the operator writes into the job's ConfigMap: rank 0 reads it, the ranks agree in their vote.
+    """
+    path = checkpoint_request_file(workdir.resolve())
+    if not path.with_name(CONFIG_FILE).is_file():
+        raise LocalRunError(f"{workdir}: no braintrain run here (no {path.with_name(CONFIG_FILE)})")
+    request = format_time() + f" {time.time_ns() % 1_000_000_000:09d}"  # new every time, and says when
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text(request + "\n")
+    staged.replace(path)  # the trainer never reads half a request
+    return request
 
 
 def newest_committed(root: Path) -> Optional[Candidate]:

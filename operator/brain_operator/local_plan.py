@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional
 
-from brain_trainer.contract import CONFIG_FILE, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, PROGRESS_FILE_ENV, TERMINATION_LOG_ENV
+from brain_trainer.contract import CHECKPOINT_REQUEST_FILE, CONFIG_FILE, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, PROGRESS_FILE_ENV, TERMINATION_LOG_ENV
 
 from .names import workers_service_name
 from .render.workers import (
@@ -35,12 +35,14 @@ from .render.workers import (
     elastic_workers,
 )
 from .spec import Job, trainer_config
+from .spec.owned import CONFIG_VOLUME
 
 __all__ = [
     "LocalPlan",
     "LocalRunError",
     "LocalWorker",
     "STDLIB_PLACEHOLDER",
+    "checkpoint_request_file",
     "localize",
     "plan_local",
     "process_env",
@@ -215,6 +217,12 @@ def plan_local(
         dirs=sorted(set(shared.values())),
         workers=local_workers,
     )
+
+
+def checkpoint_request_file(workdir: Path) -> Path:
+    """Where `braintrain checkpoint` asks a run in `workdir` for a checkpoint: beside trainer.yaml, in the
+    ConfigMap's folder, as the operator puts the job's checkpoint-now annotation into the ConfigMap."""
+    return workdir / CONFIG_VOLUME / CHECKPOINT_REQUEST_FILE
 
 
 def process_env(inherited: Mapping[str, str], worker: LocalWorker) -> dict[str, str]:

@@ -18,6 +18,7 @@ import torch
 import yaml
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from brain_operator.local import request_checkpoint
 from brain_trainer.checkpoint.store import list_checkpoints
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-minimal.yaml"
@@ -30,10 +31,10 @@ WATCHDOG_FLOOR = 30
 pytestmark = pytest.mark.timeout(300)
 
 
-def write_job(path: Path, steps: int = STEPS) -> Path:
+def write_job(path: Path, steps: int = STEPS, **checkpoint) -> Path:
     job = yaml.safe_load(EXAMPLE.read_text())
     job["spec"]["training"].update(steps=steps, logInterval=5)
-    job["spec"]["checkpoint"].update(intervalSteps=5)
+    job["spec"]["checkpoint"].update({"intervalSteps": 5, **checkpoint})
     # A frozen peer is noticed after WATCHDOG_FLOOR s (the steps take far less), once each (re)start warmed up.
     job["spec"]["watchdog"] = {"floorSeconds": WATCHDOG_FLOOR, "warmupSteps": 2, "checkpointSeconds": 2 * WATCHDOG_FLOOR}
     path.write_text(yaml.safe_dump(job))
@@ -271,3 +272,35 @@ def test_a_finished_job_is_complete_and_a_new_run_on_the_same_claim_continues(re
     assert f"resuming local-minimal from {claim_of(elsewhere) / f'step-{STEPS:08d}'} (step {STEPS} of {more})" in out
     assert claim_of(elsewhere) == claim_of(workdir) and not (elsewhere / "checkpoints").exists()
     assert summary(out)["steps"] == f"{more}/{more}" and committed_steps(workdir)[-1] == more
+
+
+def test_a_checkpoint_on_demand_is_committed_within_two_steps(tmp_path):
+    # No interval saves, a progress document after every step and a vote after every step: any
+    # checkpoint before the last step is the one asked for, and the test sees the step it asked at.
+    job = write_job(tmp_path / "job.yaml", intervalSteps=0, preemptionVoteSeconds=0)
+    manifest = yaml.safe_load(job.read_text())
+    manifest["spec"]["training"]["logInterval"] = 1
+    job.write_text(yaml.safe_dump(manifest))
+    workdir = tmp_path / "run"
+    proc = start(job, workdir)
+    asked_at = request = None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if request is None and 3 <= progress_step(workdir) <= STEPS - 5:
+            # What `braintrain checkpoint WORKDIR` does, without a second Python's start-up between the look and the ask.
+            asked_at, request = progress_step(workdir), request_checkpoint(workdir)
+    out = "".join(lines)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise
+    assert code == 0, out
+    assert request is not None, "the run ended before a checkpoint could be asked for"
+    *on_demand, last = committed_steps(workdir)
+    assert last == STEPS and len(on_demand) == 1, committed_steps(workdir)
+    assert asked_at < on_demand[0] <= asked_at + 2
+    assert f"checkpoint requested ({request}): saving step {on_demand[0]}" in out
+    doc = json.loads((workdir / "progress.json").read_text())
+    assert (doc["checkpoint_request"], doc["checkpoint_request_step"]) == (request, on_demand[0])

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 from .config import load_config
-from .contract import CONFIG_ERROR, CONFIG_FLAG, TRAINER_MODULE
+from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_ERROR, CONFIG_FLAG, TRAINER_MODULE
 from .schema import ConfigError
 
 
@@ -29,7 +30,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = load_config(args.config)
         from .train import train  # imports torch: only once the config is known to be good
 
-        train(cfg)
+        # The request file is another key of trainer.yaml's ConfigMap: it lies beside it.
+        train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE))
     except ConfigError as exc:
         for error in exc.errors:
             print(f"error: {error}", file=sys.stderr)

@@ -19,6 +19,10 @@ from .schema import ConfigError, from_dict, setting, to_dict, valid_fields
 TRAINER_MODULE = "brain_trainer"
 CONFIG_FLAG = "--config"
 CONFIG_FILE = "trainer.yaml"
+# Beside trainer.yaml (another key of the same ConfigMap): a new non-empty content asks the
+# workers to commit a checkpoint at the next step boundary (the job's brain.ai/checkpoint-now
+# annotation; `braintrain checkpoint` locally).
+CHECKPOINT_REQUEST_FILE = "checkpoint-request"
 
 
 def trainer_args(config_path: str) -> list[str]:
@@ -117,6 +121,8 @@ class Progress:
     tokens_per_second: Optional[float] = setting(None, minimum=0, help="Training throughput over all ranks")
     eta_seconds: Optional[float] = setting(None, minimum=0, help="Estimated seconds until the last step")
     last_checkpoint_step: Optional[int] = setting(None, minimum=0, help="Step of the newest committed checkpoint (status shows it as lastCheckpoint)")
+    checkpoint_request: Optional[str] = setting(None, help="The newest checkpoint request answered (the brain.ai/checkpoint-now value)")
+    checkpoint_request_step: Optional[int] = setting(None, minimum=0, help="Step of the checkpoint committed for checkpointRequest")
     updated_at: Optional[str] = setting(None, help="When it was written (RFC 3339, UTC)")
 
     def to_json(self) -> str:

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from argparse import Namespace
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -165,7 +166,7 @@ class Reporter:
 
     def report(self, step: int, loss: float, *, tokens_per_second: float, step_times: list[float], tokens: int,
                lr: float, last_checkpoint_step: Optional[int], peak_memory: int, grad_norm: float,
-               mfu: Optional[float]) -> None:
+               mfu: Optional[float], answered: Optional[tuple[str, int]]) -> None:
         if not self.active:
             return
         step_time = sum(step_times) / len(step_times)
@@ -181,6 +182,7 @@ class Reporter:
                 tokens_per_second=tokens_per_second,
                 eta_seconds=eta_seconds(step, self.total_steps, step_time),
                 last_checkpoint_step=last_checkpoint_step,
+                **_answered(answered),
                 updated_at=format_time(),
             ),
             step_times=step_times,
@@ -199,10 +201,10 @@ class Reporter:
         if self.metrics is not None:
             self.metrics.publish_init_memory([r.as_dict() for r in ranks])
 
-    def checkpointed(self, step: Optional[int]) -> None:
+    def checkpointed(self, step: Optional[int], answered: Optional[tuple[str, int]]) -> None:
         """Re-publish the last progress once the final checkpoint is committed."""
         if self.active and self.last is not None and step != self.last.last_checkpoint_step:
-            self._publish(replace(self.last, last_checkpoint_step=step, updated_at=format_time()))
+            self._publish(replace(self.last, last_checkpoint_step=step, **_answered(answered), updated_at=format_time()))
 
     def _publish(self, progress: Progress, **extras: Any) -> None:
         self.last = progress
@@ -221,16 +223,24 @@ class Reporter:
             self.scalars.close()
 
 
-def train(cfg: TrainerConfig) -> TrainResult:
+def _answered(answered: Optional[tuple[str, int]]) -> dict[str, Any]:
+    """The progress fields of the newest checkpoint request answered."""
+    return {} if answered is None else {"checkpoint_request": answered[0], "checkpoint_request_step": answered[1]}
+
+
+def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None) -> TrainResult:
     """Train as configured; returns on every rank once the last step is saved.
 
     DistributedLauncher exports the torch variables for whichever launcher
-    started this process, then runs the loop here.
+    started this process, then runs the loop here. A new content of the
+    `checkpoint_request` file asks for a checkpoint at the next vote
+    (contract.CHECKPOINT_REQUEST_FILE).
     """
     cfg = cfg.resolved()
     # Build the dataset first: a bad data.path fails before any rendezvous.
     dataset = build_dataset(cfg.data, cfg.training.seq_len, cfg.training.seed)
-    return DistributedLauncher(cfg.distributed).launch(_launched, Namespace(config=cfg, dataset=dataset))
+    args = Namespace(config=cfg, dataset=dataset, checkpoint_request=checkpoint_request)
+    return DistributedLauncher(cfg.distributed).launch(_launched, args)
 
 
 def _launched(args: Namespace) -> TrainResult:
@@ -245,11 +255,11 @@ def _launched(args: Namespace) -> TrainResult:
         cleanup.callback(watchdog.close)
         reporter = Reporter(cfg, rank)
         cleanup.callback(reporter.close)
-        return _run(cfg, args.dataset, rank, world_size, device, reporter, watchdog, cleanup)
+        return _run(cfg, args.dataset, rank, world_size, device, reporter, watchdog, cleanup, args.checkpoint_request)
 
 
 def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter,
-         watchdog: Watchdog, cleanup: contextlib.ExitStack) -> TrainResult:
+         watchdog: Watchdog, cleanup: contextlib.ExitStack, checkpoint_request: Optional[Path]) -> TrainResult:
     training = cfg.training
     dist_cfg = resolve_strategy(cfg, world_size, device)
     accumulation = cfg.accumulation_steps(world_size)
@@ -274,7 +284,8 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
 
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash(),
-                             manifest_fields=manifest_fields(cfg.model, source), save_guard=watchdog.checkpointing)
+                             manifest_fields=manifest_fields(cfg.model, source), save_guard=watchdog.checkpointing,
+                             request_file=checkpoint_request)
     # After finish() or a preemption it is closed already; after an error this
     # gives SIGTERM back its default meaning without waiting for a save in flight.
     cleanup.callback(ckpt.close, wait=False)
@@ -346,7 +357,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
             state.step, mean_loss, tokens_per_second=tokens_per_second, step_times=step_times,
             tokens=tokens_per_step * steps, lr=scheduler.get_last_lr()[0], last_checkpoint_step=committed_step(ckpt),
             peak_memory=peak_memory_bytes(device), grad_norm=acc.last_grad_norm,
-            mfu=mfu(tokens_per_second, flops_per_token, peak, world_size),
+            mfu=mfu(tokens_per_second, flops_per_token, peak, world_size), answered=ckpt.answered,
         )
         history.append((state.step, mean_loss))
         running_loss.zero_()
@@ -355,7 +366,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         last_log_step, last_log_time = state.step, now
     loop_seconds = time.perf_counter() - start
     ckpt.finish(state)
-    reporter.checkpointed(committed_step(ckpt))
+    reporter.checkpointed(committed_step(ckpt), ckpt.answered)
     steps_run = state.step - first_step
     return TrainResult(
         step=state.step,

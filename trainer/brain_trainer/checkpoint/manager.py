@@ -104,9 +104,16 @@ class CheckpointManager:
 
     def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_hash: str,
                  manifest_fields: dict[str, Any] | None = None,
-                 save_guard: Callable[[], ContextManager[Any]] = contextlib.nullcontext):
+                 save_guard: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+                 request_file: Path | None = None):
         self.cfg = cfg
         self.save_guard = save_guard  # entered around each save the loop waits for (the hang watchdog's)
+        # Rank 0 reads checkpoint requests (contract.CHECKPOINT_REQUEST_FILE) and the vote carries them to every
+        # rank: one reader, so ranks whose copies of the file update at different times still agree.
+        self.request_file = request_file if rank == 0 else None
+        self._request_seen = self._read_request()  # a request from before this start is not repeated
+        self._requested: tuple[str, int] | None = None  # (request, step) saved for it, until committed
+        self.answered: tuple[str, int] | None = None  # the newest request whose checkpoint is committed
         self.manifest_fields = manifest_fields or {}  # more facts for every manifest (the model, where it started from)
         self.rank = rank
         self.world_size = world_size
@@ -198,36 +205,61 @@ class CheckpointManager:
         interval = self.cfg.interval_steps
         saving = bool(interval) and state.step % interval == 0
         # A save is collective anyway, so the ranks vote before each one as well.
-        if (saving or self._next_vote is None or state.step >= self._next_vote) and self._vote(state.step):
-            self._preempt(state)
+        if saving or self._next_vote is None or state.step >= self._next_vote:
+            stop, request = self._vote(state.step)
+            if stop:
+                self._preempt(state)
+            if request is not None:
+                saving = True
+                self._requested = (request, state.step)
+                if self.rank == 0:
+                    log.info("checkpoint requested (%s): saving step %d", request, state.step)
         if saving:
             with self.save_guard():
                 self._save(state, blocking=not self.cfg.async_save)
 
-    def _vote(self, step: int) -> bool:
-        """Whether any rank got SIGTERM. Collective: every rank votes at the same steps.
+    def _vote(self, step: int) -> tuple[bool, str | None]:
+        """(whether any rank got SIGTERM, a new checkpoint request or None). Collective: every rank votes at the same steps.
 
-        One all-reduce of (SIGTERM seen, seconds since the previous vote); from
-        the slowest rank's time per step, every rank computes the same next
-        vote step, about `preemption_vote_seconds` later.
+        One all-reduce of (SIGTERM seen, seconds since the previous vote, rank
+        0 saw a new request); from the slowest rank's time per step, every rank
+        computes the same next vote step, about `preemption_vote_seconds` later.
+        Only rank 0 knows a request's text; the others save all the same.
         """
         now = time.perf_counter()
+        request = self._new_request()
         if self._group is None:
-            return self._stop_requested  # nothing to agree on: look after every step, for free
+            return self._stop_requested, request  # nothing to agree on: look after every step, for free
         since = now - self._last_vote[1] if self._last_vote else 0.0
-        votes = torch.tensor([float(self._stop_requested), since], dtype=torch.float64)
+        votes = torch.tensor([float(self._stop_requested), since, float(request is not None)], dtype=torch.float64)
         dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self._group)
         stop, since = bool(votes[0]), float(votes[1])
         steps = step - self._last_vote[0] if self._last_vote else 0
         self._next_vote = step + steps_between_votes(self.cfg.preemption_vote_seconds, since / steps if steps else 0.0)
         self._last_vote = (step, now)
-        return stop
+        return stop, (request or "") if votes[2] else None
+
+    def _read_request(self) -> str:
+        if self.request_file is None:
+            return ""
+        try:
+            return self.request_file.read_text(encoding="utf-8", errors="replace").strip()
+        except OSError:
+            return ""  # no request yet (the key is absent until the first one)
+
+    def _new_request(self) -> str | None:
+        """Rank 0: the request file's content if it is new and not empty."""
+        request = self._read_request()
+        if not request or request == self._request_seen:
+            return None
+        self._request_seen = request
+        return request
 
     def finish(self, state: TrainState) -> None:
         """Final save; returns once it is committed on disk (after a SIGTERM since the last vote: Preempted)."""
         if not self.cfg.enabled:
             return
-        if self._vote(state.step):
+        if self._vote(state.step)[0]:
             self._preempt(state)
         with self.save_guard():
             self.wait()
@@ -318,6 +350,8 @@ class CheckpointManager:
         final = self.root / store.step_dir_name(fields["step"])
         manifest = store.commit(folder, final, fields)
         self.last_committed = (fields["step"], final)
+        if self._requested is not None and self._requested[1] <= fields["step"]:
+            self.answered, self._requested = self._requested, None
         size = sum(f["size"] for f in manifest["files"].values())
         log.info("checkpoint %s committed: %.1f MB in %.2f s", final, size / 1e6, time.perf_counter() - started)
         for path in store.apply_retention(self.root, self.cfg.keep_last):
