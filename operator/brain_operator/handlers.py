@@ -37,7 +37,8 @@ from .job_status import RUNNING
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
-from .names import JOB_NAME_LABEL
+from .on_demand import answered_events
+from .names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
 from .pods import RUNNING as POD_RUNNING
 from .progress import changed, progress_status
 from .reconcile import POD, deletion_events, reconcile
@@ -139,6 +140,8 @@ def poll_progress(context: Context, namespace: str, name: str) -> None:
         new = progress_status(doc, status, now=context.clock(), mount_path=job.spec.checkpoint.mount_path)
         if changed(status, new):
             context.client.patch_status(namespace, name, new)
+            for event in answered_events(status, new):
+                context.client.post_event(manifest, event)
 
 
 @kopf.on.startup()
@@ -174,6 +177,12 @@ async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def on_job(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    reconcile_job(memo.context, namespace, name)
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field=("metadata", "annotations", CHECKPOINT_NOW_ANNOTATION))
+def on_checkpoint_now(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    # Not part of the spec: without this the request would wait for the next resync.
     reconcile_job(memo.context, namespace, name)
 
 

@@ -14,6 +14,8 @@ JOB_NAME_LABEL = f"{GROUP}/job-name"
 REPLICA_INDEX_LABEL = f"{GROUP}/replica-index"
 # On worker pods (and PyTorchJob pod templates): the digest of the trainer.yaml they were made with.
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+# On a BrainTrainingJob, set by its user: a new value asks the workers for a checkpoint (docs/operator.md).
+CHECKPOINT_NOW_ANNOTATION = f"{GROUP}/checkpoint-now"
 # On a PyTorchJob: the BrainTrainingJob's runPolicy.suspend last applied to it.
 SUSPEND_ANNOTATION = f"{GROUP}/suspend"
 MANAGED_BY = {"app.kubernetes.io/name": "brain-train", "app.kubernetes.io/managed-by": "brain-operator"}

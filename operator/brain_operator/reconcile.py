@@ -12,7 +12,7 @@ writes, and the status is patched only when it changed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -23,6 +23,7 @@ from .cluster import ClusterClient, ObjectRef
 from .events import NORMAL, Event, compute_events
 from .job_status import FAILED, SUCCEEDED, JobStatus
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
+from .on_demand import request_events
 from .pods import PodView, pod_view
 from .render import checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
@@ -158,8 +159,10 @@ def plan(
     """Everything one reconcile decides, for either backend."""
     existing = {ObjectRef.of(c): c for c in children}
     if job.spec.backend == "pytorchjob":
-        return _plan_pytorchjob(job, desired, existing, previous, now)
-    return _plan_elastic(job, desired, existing, previous, now)
+        the_plan = _plan_pytorchjob(job, desired, existing, previous, now)
+    else:
+        the_plan = _plan_elastic(job, desired, existing, previous, now)
+    return replace(the_plan, events=the_plan.events + tuple(request_events(the_plan.patches, existing)))
 
 
 @dataclass
@@ -362,7 +365,9 @@ def _config_patches(desired: Sequence[Mapping[str, Any]], existing: Mapping[Obje
     for obj in desired:
         current = existing.get(ObjectRef.of(obj)) if _kind(obj) == CONFIG_MAP else None
         if current is not None and current.get("data") != obj["data"]:
-            patches.append((ObjectRef.of(obj), {"data": obj["data"]}))
+            # A merge patch removes a key (a checkpoint request whose annotation went) only when it says null.
+            gone = {key: None for key in current.get("data") or {} if key not in obj["data"]}
+            patches.append((ObjectRef.of(obj), {"data": {**obj["data"], **gone}}))
     return patches
 
 

@@ -191,3 +191,22 @@ def test_the_console_script_reports_errors_without_a_traceback(tmp_path):
     result = subprocess.run([braintrain, "validate", "--local", bad_manifest(tmp_path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert len(result.stderr.splitlines()) == len(EXPECTED_ERRORS) and "Traceback" not in result.stderr
+
+
+def test_checkpoint_asks_a_local_run_through_the_file_beside_its_trainer_yaml(capsys, tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "trainer.yaml").write_text("{}\n")
+    requests = []
+    for _ in range(2):
+        code, out, err = run_cli(capsys, "checkpoint", str(tmp_path))
+        requests.append((tmp_path / "config" / "checkpoint-request").read_text().strip())
+        assert code == 0 and err == ""
+        assert out == f"braintrain: checkpoint requested ({requests[-1]}): the workers commit one at their next step boundary\n"
+    assert requests[0] != requests[1], "every request is new, or the trainer would take it for the last one"
+    assert sorted(p.name for p in (tmp_path / "config").iterdir()) == ["checkpoint-request", "trainer.yaml"]
+
+
+def test_checkpoint_of_a_folder_without_a_run_is_one_line(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "checkpoint", str(tmp_path / "nothing"))
+    assert code == 1 and out == ""
+    assert err == f"braintrain: {tmp_path / 'nothing'}: no braintrain run here (no {tmp_path / 'nothing' / 'config' / 'trainer.yaml'})\n"

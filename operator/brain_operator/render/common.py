@@ -9,7 +9,7 @@ import copy
 import hashlib
 from typing import Any, Optional
 
-from brain_trainer.contract import CONFIG_FILE, METRICS_PATH, METRICS_PORT
+from brain_trainer.contract import CHECKPOINT_REQUEST_FILE, CONFIG_FILE, METRICS_PATH, METRICS_PORT
 
 from ..names import CONFIG_HASH_ANNOTATION, JOB_NAME_LABEL, MANAGED_BY, config_map_name, label_selector
 from ..schedulers import QUEUE_LABEL
@@ -96,12 +96,19 @@ def config_hash(text: str) -> str:
 
 
 def build_config_map(job: Job) -> dict[str, Any]:
-    """`<name>-config` holding trainer.yaml: the spec's trainer sections plus what the operator derives."""
+    """`<name>-config` holding trainer.yaml: the spec's trainer sections plus what the operator derives.
+
+    With the job's checkpoint-now annotation, also CHECKPOINT_REQUEST_FILE: the kubelet updates it in
+    the mounted volume, and a new value makes the workers commit a checkpoint (docs/operator.md).
+    """
+    data = {CONFIG_FILE: config_text(job)}
+    if job.checkpoint_request:
+        data[CHECKPOINT_REQUEST_FILE] = job.checkpoint_request
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(job, config_map_name(job.name)),
-        "data": {CONFIG_FILE: config_text(job)},
+        "data": data,
     }
 
 

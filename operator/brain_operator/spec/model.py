@@ -247,3 +247,4 @@ class Job:
     uid: str
     generation: int
     spec: JobSpec
+    checkpoint_request: Optional[str] = None  # the brain.ai/checkpoint-now annotation, when set

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional
 
 from brain_trainer.schema import ConfigError, FieldError, from_dict
 
-from ..names import worker_pod_name
+from ..names import CHECKPOINT_NOW_ANNOTATION, worker_pod_name
 from .defaults import OperatorDefaults
 from .kube import DNS_LABEL_MAX, NAME_PATTERN, NAMESPACE_PATTERN
 from .model import Job, JobSpec
@@ -48,7 +48,14 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
                 )
     if errors:
         raise ConfigError(errors)
-    return Job(name=name, namespace=namespace, uid=uid, generation=generation, spec=spec)
+    return Job(name=name, namespace=namespace, uid=uid, generation=generation, spec=spec,
+               checkpoint_request=_checkpoint_request(manifest.get("metadata")))
+
+
+def _checkpoint_request(metadata: Any) -> Optional[str]:
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    value = annotations.get(CHECKPOINT_NOW_ANNOTATION) if isinstance(annotations, Mapping) else None
+    return (value.strip() or None) if isinstance(value, str) else None
 
 
 def _metadata(metadata: Any, errors: list[FieldError]) -> tuple[Any, str, str, int]:
