@@ -4,7 +4,7 @@ import json
 import socket
 import urllib.request
 
-from brain_trainer.contract import Progress
+from brain_trainer.contract import Goodput, Progress
 from brain_trainer.metrics import MetricsServer, start_metrics_server
 
 
@@ -38,6 +38,24 @@ def test_serves_progress_and_metrics(monkeypatch):
         for line in ("brain_trainer_steps_total 4.0", "brain_trainer_tokens_total 2048.0", "brain_trainer_mfu 0.41",
                      "brain_trainer_grad_norm 0.5"):
             assert line in lines, line
+    finally:
+        server.close()
+
+
+def test_goodput_is_a_ratio_and_counters_of_the_jobs_seconds_by_kind():
+    server = MetricsServer(0, host="127.0.0.1")
+    try:
+        # A restarted trainer publishes the job's totals first: the counters start there.
+        server.publish(Progress(step=5, goodput=Goodput(ratio=0.5, wall_seconds=40.0, productive_seconds=20.0,
+                                                        recomputed_seconds=4.0, waiting_seconds=16.0)))
+        server.publish(Progress(step=6, goodput=Goodput(ratio=0.55, wall_seconds=42.0, productive_seconds=23.1,
+                                                        recomputed_seconds=4.0, waiting_seconds=16.0)))
+        lines = fetch(server.port, "/metrics").decode().splitlines()
+        for line in ("brain_trainer_goodput_ratio 0.55", 'brain_trainer_goodput_seconds_total{kind="productive"} 23.1',
+                     'brain_trainer_goodput_seconds_total{kind="recomputed"} 4.0',
+                     'brain_trainer_goodput_seconds_total{kind="checkpoint"} 0.0'):
+            assert line in lines, line
+        assert not any("wall" in line for line in lines if line.startswith("brain_trainer_goodput_seconds"))
     finally:
         server.close()
 

@@ -75,7 +75,9 @@ def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
     board = EventAccumulator(str(tmp_path / "tensorboard"))
     board.Reload()
     scalars = {tag: [(e.step, e.value) for e in board.Scalars(tag)] for tag in board.Tags()["scalars"]}
-    assert sorted(scalars) == ["train/grad_norm", "train/learning_rate", "train/loss", "train/tokens_per_second"]
+    assert sorted(scalars) == [
+        "goodput/ratio", "train/grad_norm", "train/learning_rate", "train/loss", "train/tokens_per_second",
+    ]
     assert [step for step, _ in scalars["train/loss"]] == [step for step, _ in logged]
     assert [value for _, value in scalars["train/loss"]] == pytest.approx([loss for _, loss in logged], abs=1e-4)
     assert all(value > 0 for tag in scalars for _, value in scalars[tag])

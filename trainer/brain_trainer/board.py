@@ -14,6 +14,7 @@ TAGS = {
     "tokens_per_second": "train/tokens_per_second",
     "grad_norm": "train/grad_norm",
     "mfu": "train/mfu",
+    "goodput": "goodput/ratio",
 }
 
 

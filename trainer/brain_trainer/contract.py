@@ -37,6 +37,8 @@ LAUNCH_ENV_PREFIXES = ("PET_", "TORCHELASTIC_")
 TORCH_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 LAUNCH_ENV_KEYS = (*TORCH_RANK_VARIABLES, "GROUP_RANK")
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+# torchrun's run id (its --rdzv-id: the job's uid): one goodput ledger per run.
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 # Where rank 0 also writes its progress document (the local runner sets it).
 PROGRESS_FILE_ENV = "BRAIN_PROGRESS_FILE"
 # Kubernetes reads a container's termination message from this file.
@@ -112,6 +114,20 @@ def parse_time(text: str) -> datetime:
 
 
 @dataclass
+class Goodput:
+    """Where the job's wall time went, across restarts (brain_trainer.goodput)."""
+
+    ratio: float = setting(minimum=0, help="Productive seconds over wall seconds")
+    wall_seconds: float = setting(minimum=0, help="From the first trainer's start to the latest entry")
+    productive_seconds: float = setting(0.0, minimum=0, help="Steps that moved the job past the furthest step reached")
+    recomputed_seconds: float = setting(0.0, minimum=0, help="Steps run again after a restart (work lost since the last commit)")
+    checkpoint_seconds: float = setting(0.0, minimum=0, help="The training loop waiting for checkpoint saves")
+    initialization_seconds: float = setting(0.0, minimum=0, help="Trainer starts up to their first step: process group, build, restore")
+    evaluation_seconds: float = setting(0.0, minimum=0, help="Evaluation passes")
+    waiting_seconds: float = setting(0.0, minimum=0, help="Between trainers: restarts, rendezvous, rescheduling")
+
+
+@dataclass
 class Progress:
     """Rank 0's latest progress report: written at each logging step, served at /progress."""
 
@@ -123,6 +139,7 @@ class Progress:
     last_checkpoint_step: Optional[int] = setting(None, minimum=0, help="Step of the newest committed checkpoint (status shows it as lastCheckpoint)")
     checkpoint_request: Optional[str] = setting(None, help="The newest checkpoint request answered (the brain.ai/checkpoint-now value)")
     checkpoint_request_step: Optional[int] = setting(None, minimum=0, help="Step of the checkpoint committed for checkpointRequest")
+    goodput: Optional[Goodput] = setting(None, help="Where the job's wall time went (status shows it as goodput)")
     updated_at: Optional[str] = setting(None, help="When it was written (RFC 3339, UTC)")
 
     def to_json(self) -> str:

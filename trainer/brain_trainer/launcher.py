@@ -24,7 +24,7 @@ from argparse import Namespace
 from typing import Callable, Mapping, MutableMapping, Optional, TypeVar
 
 from .config import DistributedConfig
-from .contract import RESTART_COUNT_ENV, TORCH_RANK_VARIABLES
+from .contract import RESTART_COUNT_ENV, RUN_ID_ENV, TORCH_RANK_VARIABLES
 from .schema import ConfigError, FieldError
 
 ENVIRONMENTS = ("torchrun", "slurm", "manual", "single")
@@ -39,7 +39,7 @@ def detect_environment(env: Mapping[str, str], config: Optional[DistributedConfi
     Manual: the environment names the rank and rendezvous, or the config a
     layout of several nodes.
     """
-    if "TORCHELASTIC_RUN_ID" in env or "GROUP_RANK" in env:
+    if RUN_ID_ENV in env or "GROUP_RANK" in env:
         return "torchrun"
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return "slurm"

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
-from .contract import METRICS_PATH, PROGRESS_PATH, RESTART_COUNT_ENV, Progress
+from .contract import METRICS_PATH, PROGRESS_PATH, RESTART_COUNT_ENV, Goodput, Progress
 from .launcher import restart_count
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,12 @@ class MetricsServer:
                                registry=self.registry)
         self._step_time = Histogram(METRIC_PREFIX + "step_time_seconds", "Wall time of each optimizer step",
                                     buckets=STEP_TIME_BUCKETS, registry=self.registry)
+        self._goodput_ratio = Gauge(METRIC_PREFIX + "goodput_ratio", "Productive seconds over the job's wall seconds",
+                                    registry=self.registry)
+        self._goodput_seconds = Counter(METRIC_PREFIX + "goodput_seconds",
+                                        "The job's wall time by kind: productive, recomputed, checkpoint, initialization, "
+                                        "evaluation, waiting", ["kind"], registry=self.registry)
+        self._goodput_counted: dict[str, float] = {}
         self._info = Info(METRIC_PREFIX.rstrip("_"), "The trainer's version and the run's model, strategy and world size",
                           registry=self.registry)
         self._init_gauges = {
@@ -104,10 +110,21 @@ class MetricsServer:
                 if key not in self._gauges:
                     self._gauges[key] = Gauge(*_EXTRAS[key], registry=self.registry)
                 self._gauges[key].set(value)
+            if progress.goodput is not None:
+                self._count_goodput(progress.goodput)
             for seconds in step_times:
                 self._step_time.observe(seconds)
             self._steps.inc(len(step_times))
             self._tokens.inc(tokens)
+
+    def _count_goodput(self, goodput: Goodput) -> None:
+        self._goodput_ratio.set(goodput.ratio)
+        # The ledger holds the job's totals; the counters start at them and follow their growth.
+        for key, total in vars(goodput).items():
+            if key.endswith("_seconds") and key != "wall_seconds":
+                kind = key.removesuffix("_seconds")
+                self._goodput_seconds.labels(kind=kind).inc(max(0.0, total - self._goodput_counted.get(kind, 0.0)))
+                self._goodput_counted[kind] = max(total, self._goodput_counted.get(kind, 0.0))
 
     def publish_init_memory(self, ranks: list[dict[str, Any]]) -> None:
         """Each rank's memory after init (memory_report.InitMemory.as_dict()), labelled by rank."""

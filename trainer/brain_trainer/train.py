@@ -32,11 +32,13 @@ from torch.utils.data import Dataset
 from .accumulation import GradientAccumulator
 from .checkpoint import CheckpointManager, SampleLog, TrainState
 from .config import DistributedConfig, TrainerConfig
-from .contract import PROGRESS_FILE_ENV, Progress, eta_seconds, format_time
+from .contract import PROGRESS_FILE_ENV, RUN_ID_ENV, Goodput, Progress, eta_seconds, format_time
 from .data import RankAwareDataLoader, build_dataset
 from .ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
 from .flops import mfu, peak_flops, training_flops_per_token
 from .fsdp import FSDPWrapper
+from .goodput import CHECKPOINT, INITIALIZATION
+from .goodput_log import GoodputLog
 from .launcher import DistributedLauncher
 from .memory import resolve_distributed
 from .metrics import start_metrics_server
@@ -166,7 +168,7 @@ class Reporter:
 
     def report(self, step: int, loss: float, *, tokens_per_second: float, step_times: list[float], tokens: int,
                lr: float, last_checkpoint_step: Optional[int], peak_memory: int, grad_norm: float,
-               mfu: Optional[float], answered: Optional[tuple[str, int]]) -> None:
+               mfu: Optional[float], answered: Optional[tuple[str, int]], goodput: Goodput) -> None:
         if not self.active:
             return
         step_time = sum(step_times) / len(step_times)
@@ -183,6 +185,7 @@ class Reporter:
                 eta_seconds=eta_seconds(step, self.total_steps, step_time),
                 last_checkpoint_step=last_checkpoint_step,
                 **_answered(answered),
+                goodput=goodput,
                 updated_at=format_time(),
             ),
             step_times=step_times,
@@ -194,17 +197,18 @@ class Reporter:
         )
         if self.scalars is not None:
             self.scalars.write(step, loss=loss, learning_rate=lr, tokens_per_second=tokens_per_second,
-                               grad_norm=grad_norm, mfu=mfu)
+                               grad_norm=grad_norm, mfu=mfu, goodput=goodput.ratio)
 
     def init_memory(self, ranks: list[InitMemory]) -> None:
         """Every rank's memory after initialisation, on the metrics endpoint."""
         if self.metrics is not None:
             self.metrics.publish_init_memory([r.as_dict() for r in ranks])
 
-    def checkpointed(self, step: Optional[int], answered: Optional[tuple[str, int]]) -> None:
-        """Re-publish the last progress once the final checkpoint is committed."""
-        if self.active and self.last is not None and step != self.last.last_checkpoint_step:
-            self._publish(replace(self.last, last_checkpoint_step=step, **_answered(answered), updated_at=format_time()))
+    def checkpointed(self, step: Optional[int], answered: Optional[tuple[str, int]], goodput: Goodput) -> None:
+        """Re-publish the last progress once the final checkpoint is committed, with the final goodput."""
+        if self.active and self.last is not None:
+            self._publish(replace(self.last, last_checkpoint_step=step, **_answered(answered), goodput=goodput,
+                                  updated_at=format_time()))
 
     def _publish(self, progress: Progress, **extras: Any) -> None:
         self.last = progress
@@ -236,10 +240,11 @@ def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None) -> T
     `checkpoint_request` file asks for a checkpoint at the next vote
     (contract.CHECKPOINT_REQUEST_FILE).
     """
+    started = time.time()  # this trainer's start, in the goodput ledger
     cfg = cfg.resolved()
     # Build the dataset first: a bad data.path fails before any rendezvous.
     dataset = build_dataset(cfg.data, cfg.training.seq_len, cfg.training.seed)
-    args = Namespace(config=cfg, dataset=dataset, checkpoint_request=checkpoint_request)
+    args = Namespace(config=cfg, dataset=dataset, checkpoint_request=checkpoint_request, started=started)
     return DistributedLauncher(cfg.distributed).launch(_launched, args)
 
 
@@ -255,11 +260,12 @@ def _launched(args: Namespace) -> TrainResult:
         cleanup.callback(watchdog.close)
         reporter = Reporter(cfg, rank)
         cleanup.callback(reporter.close)
-        return _run(cfg, args.dataset, rank, world_size, device, reporter, watchdog, cleanup, args.checkpoint_request)
+        return _run(args, rank, world_size, device, reporter, watchdog, cleanup)
 
 
-def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter,
-         watchdog: Watchdog, cleanup: contextlib.ExitStack, checkpoint_request: Optional[Path]) -> TrainResult:
+def _run(args: Namespace, rank: int, world_size: int, device: torch.device, reporter: Reporter, watchdog: Watchdog,
+         cleanup: contextlib.ExitStack) -> TrainResult:
+    cfg: TrainerConfig = args.config
     training = cfg.training
     dist_cfg = resolve_strategy(cfg, world_size, device)
     accumulation = cfg.accumulation_steps(world_size)
@@ -285,7 +291,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash(),
                              manifest_fields=manifest_fields(cfg.model, source), save_guard=watchdog.checkpointing,
-                             request_file=checkpoint_request)
+                             request_file=args.checkpoint_request)
     # After finish() or a preemption it is closed already; after an error this
     # gives SIGTERM back its default meaning without waiting for a save in flight.
     cleanup.callback(ckpt.close, wait=False)
@@ -296,7 +302,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     flops_per_token = training_flops_per_token(sum(p.numel() for p in model.parameters()))
     peak = peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None, cfg.metrics.peak_flops)
     sample_log = SampleLog.from_env(rank)
-    dataset = sample_log.wrap(dataset)
+    dataset = sample_log.wrap(args.dataset)
 
     loader = RankAwareDataLoader(
         dataset,
@@ -315,6 +321,12 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
             cfg.model.entrypoint or cfg.model.preset, dist_cfg.strategy, world_size, device.type,
             training.micro_batch_size, accumulation, world_size, global_batch, state.step,
         )
+
+    # Rank 0 keeps the run's ledger beside the checkpoints, which outlive this trainer (goodput.py).
+    ledger_folder = Path(cfg.checkpoint.dir) if rank == 0 and cfg.checkpoint.enabled else None
+    goodput = GoodputLog(ledger_folder, os.environ.get(RUN_ID_ENV, ""), args.started)
+    goodput.record(INITIALIZATION, time.time() - args.started)
+    stalled = ckpt.stall_total_s
 
     model.train()
     running_loss = torch.zeros((), device=device)  # summed on device: no host sync between logging steps
@@ -346,7 +358,10 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         ckpt.after_step(state)
         now = time.perf_counter()
         step_times.append(now - last_step_time)
-        last_step_time = now
+        goodput.step(state.step, step_times[-1] - (ckpt.stall_total_s - stalled))
+        goodput.record(CHECKPOINT, ckpt.stall_total_s - stalled)
+        goodput.save()
+        last_step_time, stalled = now, ckpt.stall_total_s
         if state.step % training.log_interval and state.step != training.steps:
             continue
         mean_loss = wrapper.all_reduce_metrics({"loss": running_loss.item() / micro_losses})["loss"]
@@ -358,6 +373,7 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
             tokens=tokens_per_step * steps, lr=scheduler.get_last_lr()[0], last_checkpoint_step=committed_step(ckpt),
             peak_memory=peak_memory_bytes(device), grad_norm=acc.last_grad_norm,
             mfu=mfu(tokens_per_second, flops_per_token, peak, world_size), answered=ckpt.answered,
+            goodput=goodput.summary(),
         )
         history.append((state.step, mean_loss))
         running_loss.zero_()
@@ -366,7 +382,9 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         last_log_step, last_log_time = state.step, now
     loop_seconds = time.perf_counter() - start
     ckpt.finish(state)
-    reporter.checkpointed(committed_step(ckpt), ckpt.answered)
+    goodput.record(CHECKPOINT, time.perf_counter() - start - loop_seconds)
+    goodput.save(force=True)
+    reporter.checkpointed(committed_step(ckpt), ckpt.answered, goodput.summary())
     steps_run = state.step - first_step
     return TrainResult(
         step=state.step,

@@ -121,6 +121,7 @@ class CheckpointManager:
         self.root = Path(cfg.dir)
         self.last_committed: tuple[int, Path] | None = None
         self.last_stall_s = 0.0  # how long the latest save blocked the training loop
+        self.stall_total_s = 0.0  # how long all saves of this trainer blocked it (the goodput ledger's)
         self._saved_step: int | None = None
         self._pending: Future | None = None  # the save in flight: written, then committed
         self._staged: Future | None = None  # its copy to CPU memory
@@ -306,8 +307,10 @@ class CheckpointManager:
         raise Preempted()
 
     def _save(self, state: TrainState, blocking: bool) -> None:
+        waiting = time.perf_counter()
         self.wait()  # at most one save in flight
         started = time.perf_counter()
+        self.stall_total_s += started - waiting
         folder = store.tmp_dir(self.root, state.step)
         fields = {
             "step": state.step,
@@ -328,6 +331,7 @@ class CheckpointManager:
             self._staged, written = shards.async_save(state_dict, folder, self._save_group, self._stager)
             self._pending = self._executor.submit(self._commit_when_written, written, folder, fields, started)
         self.last_stall_s = time.perf_counter() - started
+        self.stall_total_s += self.last_stall_s
         self._saved_step = state.step
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -337,7 +341,9 @@ class CheckpointManager:
         if staged is not None:
             blocked = time.perf_counter()
             staged.result()
-            self.last_stall_s += time.perf_counter() - blocked
+            waited = time.perf_counter() - blocked
+            self.last_stall_s += waited
+            self.stall_total_s += waited
 
     def _commit_when_written(self, written: Future, folder: Path, fields: dict[str, Any], started: float) -> None:
         written.result()

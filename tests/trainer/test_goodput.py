@@ -1,0 +1,50 @@
+"""The goodput ledger (brain_trainer.goodput): pure."""
+
+import pytest
+
+from brain_trainer.goodput import (
+    CHECKPOINT, INITIALIZATION, PRODUCTIVE, RECOMPUTED, WAITING, Ledger, summary,
+)
+
+
+def first_trainer():
+    ledger = Ledger.begin(None, "uid-1", now=1000.0)
+    ledger = ledger.add(INITIALIZATION, 10.0, now=1010.0)
+    for step in range(1, 8):  # 2 s a step
+        ledger = ledger.step(step, 2.0, now=1010.0 + 2 * step)
+    return ledger.add(CHECKPOINT, 1.0, now=1025.0)
+
+
+def test_a_first_run_is_its_initialisation_steps_and_saves():
+    ledger = first_trainer()
+    assert ledger.high_water == 7
+    assert ledger.seconds[PRODUCTIVE] == 14.0 and ledger.seconds[RECOMPUTED] == 0.0
+    assert ledger.wall_seconds == 25.0 and ledger.ratio == pytest.approx(14 / 25)
+
+
+def test_after_a_restart_the_gap_is_waiting_and_steps_up_to_the_high_water_mark_are_recomputed():
+    # The trainer died after its last entry; the next starts at 1040 and resumes from the checkpoint of step 4.
+    ledger = Ledger.begin(first_trainer(), "uid-1", now=1040.0)
+    assert ledger.seconds[WAITING] == 15.0
+    ledger = ledger.add(INITIALIZATION, 5.0, now=1045.0)
+    for step in range(5, 11):
+        ledger = ledger.step(step, 2.0, now=1045.0 + 2 * (step - 4))
+    assert ledger.seconds[RECOMPUTED] == 6.0  # steps 5, 6, 7 again
+    assert ledger.seconds[PRODUCTIVE] == 14.0 + 6.0  # and 8, 9, 10 for the first time
+    assert ledger.high_water == 10
+    # Every second of the span is in one part.
+    assert sum(ledger.seconds.values()) == pytest.approx(ledger.wall_seconds)
+
+
+def test_another_run_or_a_damaged_file_starts_a_new_ledger():
+    assert Ledger.begin(first_trainer(), "uid-2", now=5000.0) == Ledger.begin(None, "uid-2", now=5000.0)
+    assert Ledger.from_dict(first_trainer().to_dict()) == first_trainer()
+    for junk in (None, [], {"run_id": "x"}, {**first_trainer().to_dict(), "seconds": {"productive": "x"}}):
+        assert Ledger.from_dict(junk) is None
+
+
+def test_the_summary_names_every_part_in_seconds():
+    shown = summary(first_trainer())
+    assert (shown.ratio, shown.wall_seconds, shown.productive_seconds, shown.checkpoint_seconds) == (0.56, 25.0, 14.0, 1.0)
+    assert shown.initialization_seconds == 10.0 and shown.evaluation_seconds == 0.0 and shown.waiting_seconds == 0.0
+    assert summary(Ledger.begin(None, "", now=1.0)).ratio == 0.0  # no time yet

@@ -1,0 +1,60 @@
+"""Rank 0's goodput ledger on disk: goodput.Ledger kept in the checkpoint folder, which outlives trainers.
+
+Written about once a second (and at the end), so a trainer that dies loses at
+most a second of what the ledger knows: the steps it ran after that count as
+waiting, not as recomputation, when the next trainer starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+from .contract import Goodput
+from .goodput import Ledger, summary
+from .progress import write_atomic
+
+log = logging.getLogger(__name__)
+
+LEDGER_FILE = "goodput.json"
+WRITE_SECONDS = 1.0
+
+
+class GoodputLog:
+    """The run's ledger, continued from `folder` (None: kept in memory only, as on ranks other than 0)."""
+
+    def __init__(self, folder: Optional[Path], run_id: str, started: float):
+        self.path = folder / LEDGER_FILE if folder is not None else None
+        self.ledger = Ledger.begin(self._read(), run_id, started)
+        self._written = time.monotonic()
+        self._warned = False
+
+    def record(self, kind: str, seconds: float) -> None:
+        self.ledger = self.ledger.add(kind, seconds, time.time())
+
+    def step(self, step: int, seconds: float) -> None:
+        self.ledger = self.ledger.step(step, seconds, time.time())
+
+    def summary(self) -> Goodput:
+        return summary(self.ledger)
+
+    def save(self, *, force: bool = False) -> None:
+        if self.path is None or not (force or time.monotonic() - self._written >= WRITE_SECONDS):
+            return
+        self._written = time.monotonic()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(str(self.path), json.dumps(self.ledger.to_dict()) + "\n")
+        except OSError as exc:  # accounting never stops training
+            if not self._warned:
+                log.warning("cannot write the goodput ledger %s: %s", self.path, exc.strerror or exc)
+                self._warned = True
+
+    def _read(self) -> Optional[Ledger]:
+        try:
+            return Ledger.from_dict(json.loads(self.path.read_text())) if self.path is not None else None
+        except (OSError, ValueError):
+            return None  # none yet, or damaged: the run's accounting starts again
