@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from brain_trainer.contract import Progress
+from brain_trainer.contract import Goodput, Progress
 from brain_trainer.schema import ConfigError, from_dict, setting, to_dict, valid_fields
 
 PENDING, RUNNING, RESTARTING = "Pending", "Running", "Restarting"
@@ -69,6 +69,7 @@ class JobStatus:
     effective_batch_size: Optional[int] = setting(None, minimum=1, help="sequences per optimizer step")
     progress: Optional[Progress] = setting(None, help="rank 0's latest progress document, as the operator last saw it change")
     last_checkpoint: Optional[LastCheckpoint] = None
+    goodput: Optional[Goodput] = setting(None, help="where the job's wall time went, from rank 0's progress document")
     start_time: Optional[str] = setting(None)
     completion_time: Optional[str] = setting(None)
     observed_generation: Optional[int] = setting(None)

@@ -351,6 +351,7 @@ def run_job(
         checkpoint=str(last.path) if last else None,
         restarts=restarts,
         message=message,
+        goodput=doc.goodput if doc else None,
     )
     print("\n".join(summary_lines(summary)), file=stream, flush=True)
     if status == "Succeeded":

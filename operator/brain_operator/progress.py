@@ -1,4 +1,4 @@
-"""Rank 0's progress document -> `status.progress` and `status.lastCheckpoint` (pure).
+"""Rank 0's progress document -> `status.progress`, `status.lastCheckpoint` and `status.goodput` (pure).
 
 The operator polls each running job's rank-0 `/progress` endpoint once per
 resync (`handlers.RESYNC_SECONDS`); these functions decide what to write, so
@@ -12,18 +12,18 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Mapping, Optional
 
-from brain_trainer.contract import Progress, checkpoint_path, format_time
+from brain_trainer.contract import Goodput, Progress, checkpoint_path, format_time
 
 from .job_status import JobStatus, LastCheckpoint
 
 # The status fields the progress poll owns (reconcile keeps them as they are).
-POLLED = ("progress", "lastCheckpoint")
+POLLED = ("progress", "lastCheckpoint", "goodput")
 
 
 def shown(progress: Progress, now: datetime) -> Progress:
     """The document as status shows it: 4 significant digits, whole seconds, the operator's clock.
 
-    The newest checkpoint goes to `lastCheckpoint`, with its path, instead.
+    The newest checkpoint goes to `lastCheckpoint`, with its path, and goodput to `goodput`, instead.
     """
     return replace(
         progress,
@@ -31,8 +31,15 @@ def shown(progress: Progress, now: datetime) -> Progress:
         tokens_per_second=_round(progress.tokens_per_second),
         eta_seconds=None if progress.eta_seconds is None else int(progress.eta_seconds),
         last_checkpoint_step=None,
+        goodput=None,
         updated_at=format_time(now),
     )
+
+
+def shown_goodput(goodput: Goodput) -> Goodput:
+    """Goodput as status shows it: the ratio to 3 decimals, whole seconds."""
+    seconds = {key: float(round(value)) for key, value in vars(goodput).items() if key.endswith("_seconds")}
+    return Goodput(ratio=round(goodput.ratio, 3), **seconds)
 
 
 def progress_status(
@@ -50,6 +57,8 @@ def progress_status(
         if progress.last_checkpoint_step:
             step = progress.last_checkpoint_step
             status = replace(status, last_checkpoint=LastCheckpoint(step=step, path=checkpoint_path(mount_path, step)))
+        if progress.goodput is not None:
+            status = replace(status, goodput=shown_goodput(progress.goodput))
     written = status.to_dict()
     return {key: written[key] for key in POLLED if key in written}
 
@@ -57,7 +66,9 @@ def progress_status(
 def changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether a patch is worth sending (the timestamp alone is not news)."""
     strip = lambda p: {k: v for k, v in (p or {}).items() if k != "updatedAt"}  # noqa: E731
-    return strip(old.get("progress")) != strip(new.get("progress")) or old.get("lastCheckpoint") != new.get("lastCheckpoint")
+    return strip(old.get("progress")) != strip(new.get("progress")) or any(
+        old.get(key) != new.get(key) for key in ("lastCheckpoint", "goodput")
+    )
 
 
 def _round(value: Optional[float]) -> Optional[float]:

@@ -304,3 +304,37 @@ def test_a_checkpoint_on_demand_is_committed_within_two_steps(tmp_path):
     assert f"checkpoint requested ({request}): saving step {on_demand[0]}" in out
     doc = json.loads((workdir / "progress.json").read_text())
     assert (doc["checkpoint_request"], doc["checkpoint_request_step"]) == (request, on_demand[0])
+
+
+def test_goodput_after_a_killed_trainer_shows_the_recomputed_steps_and_adds_up_to_the_wall_time(tmp_path):
+    # A progress document after every step: the test kills between two checkpoints, so steps since the last commit are lost.
+    job = write_job(tmp_path / "job.yaml")
+    manifest = yaml.safe_load(job.read_text())
+    manifest["spec"]["training"]["logInterval"] = 1
+    job.write_text(yaml.safe_dump(manifest))
+    workdir = tmp_path / "run"
+    proc = start(job, workdir)
+    killed, lines = None, []
+    for line in proc.stdout:
+        lines.append(line)
+        step = progress_step(workdir)
+        if killed is None and committed_steps(workdir) and step % 5 in (2, 3) and step < STEPS - 3:
+            killed = trainer_of(1, workdir)  # rank 1: worker pod 1's trainer; its torchrun agent restarts the group
+            os.kill(killed, signal.SIGKILL)
+    out = "".join(lines)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise
+    assert code == 0, out
+    assert killed is not None, "the run ended before a trainer could be killed"
+    goodput = json.loads((workdir / "progress.json").read_text())["goodput"]
+    assert goodput["recomputed_seconds"] > 0 and goodput["productive_seconds"] > 0
+    parts = sum(value for key, value in goodput.items() if key.endswith("_seconds") and key != "wall_seconds")
+    assert abs(parts - goodput["wall_seconds"]) <= 0.05 * goodput["wall_seconds"], goodput
+    assert goodput["ratio"] == pytest.approx(goodput["productive_seconds"] / goodput["wall_seconds"])
+    ledger = json.loads((claim_of(workdir) / "goodput.json").read_text())
+    assert ledger["high_water"] == STEPS and ledger["run_id"] == "local-minimal"
+    (shown,) = [line for line in out.splitlines() if line.startswith("goodput:")]
+    assert f"{100 * goodput['ratio']:.0f}% of " in shown and "recomputed" in shown

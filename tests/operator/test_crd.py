@@ -115,6 +115,9 @@ def test_printer_columns():
     columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
     assert [c["name"] for c in VERSION["additionalPrinterColumns"] if not c.get("priority")] == ["Phase", "Nodes", "Step", "Loss", "Age"]
     assert columns["Age"]["jsonPath"] == ".metadata.creationTimestamp"
+    # kubectl get btj -o wide
+    assert [c["name"] for c in VERSION["additionalPrinterColumns"] if c.get("priority")] == ["Restarts", "Goodput", "Backend"]
+    assert columns["Goodput"]["jsonPath"] == ".status.goodput.ratio"
     for name, column in columns.items():
         if name != "Age":
             assert _at(column["jsonPath"])["type"] == column["type"], name

@@ -3,7 +3,7 @@
 import io
 from dataclasses import replace
 
-from brain_trainer.contract import Progress
+from brain_trainer.contract import Goodput, Progress
 
 from brain_operator.display import (
     PlainDisplay,
@@ -67,6 +67,16 @@ def test_summary_names_every_figure():
     text = "\n".join(summary_lines(summary))
     for expected in ("Succeeded", "200/200", "1.5000 (first logged: 5.2500)", "9,000", "1m15s", "restarts:    1", "step-00000200"):
         assert expected in text
+    assert "goodput:     -" in text.splitlines()  # no trainer reported it
+
+
+def test_the_summary_shows_goodput_and_its_parts_that_are_not_zero():
+    goodput = Goodput(ratio=0.7123, wall_seconds=100.4, productive_seconds=71.5, recomputed_seconds=3.6,
+                      checkpoint_seconds=0.2, initialization_seconds=9.9, waiting_seconds=15.2)
+    summary = RunSummary(status="Succeeded", step=200, total_steps=200, loss=None, first_loss=None, tokens_per_second=None,
+                         wall_seconds=110.0, checkpoint=None, restarts=1, goodput=goodput)
+    assert ("goodput:     71% of 1m40s: productive 71.5 s, recomputed 3.6 s, checkpoint 0.2 s, initialization 9.9 s, "
+            "waiting 15.2 s") in summary_lines(summary)
 
 
 def test_rich_display_shows_the_bar_figures_under_the_labelled_output():

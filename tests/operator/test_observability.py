@@ -42,6 +42,18 @@ def test_a_poll_patches_only_news():
     assert changed(a, progress_status({**DOC, "step": 121}, {}, now=NOW, mount_path="/c"))
 
 
+def test_goodput_goes_to_status_goodput_rounded_and_counts_as_news():
+    goodput = {"ratio": 0.71234, "wall_seconds": 100.4, "productive_seconds": 71.2, "recomputed_seconds": 3.6,
+               "checkpoint_seconds": 1.4, "initialization_seconds": 9.9, "evaluation_seconds": 0.0, "waiting_seconds": 14.1}
+    out = progress_status({**DOC, "goodput": goodput}, {}, now=NOW, mount_path="/c")
+    assert out["goodput"] == {"ratio": 0.712, "wallSeconds": 100.0, "productiveSeconds": 71.0, "recomputedSeconds": 4.0,
+                              "checkpointSeconds": 1.0, "initializationSeconds": 10.0, "evaluationSeconds": 0.0,
+                              "waitingSeconds": 14.0}
+    assert "goodput" not in out["progress"]  # shown once, under status.goodput
+    later = progress_status({**DOC, "goodput": {**goodput, "wall_seconds": 130.0, "ratio": 0.6}}, out, now=NOW, mount_path="/c")
+    assert changed(out, later) and later["goodput"]["ratio"] == 0.6
+
+
 def sample(metrics: OperatorMetrics, name: str, **labels) -> float:
     value = metrics.registry.get_sample_value(name, labels)
     return 0.0 if value is None else value

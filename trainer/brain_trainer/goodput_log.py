@@ -1,8 +1,8 @@
 """Rank 0's goodput ledger on disk: goodput.Ledger kept in the checkpoint folder, which outlives trainers.
 
-Written about once a second (and at the end), so a trainer that dies loses at
-most a second of what the ledger knows: the steps it ran after that count as
-waiting, not as recomputation, when the next trainer starts.
+Written after every step (a few hundred bytes, replaced atomically), so the
+high-water mark a restarted trainer reads is the furthest step any trainer
+finished, and the steps lost since the last commit count as recomputation.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from .progress import write_atomic
 log = logging.getLogger(__name__)
 
 LEDGER_FILE = "goodput.json"
-WRITE_SECONDS = 1.0
 
 
 class GoodputLog:
@@ -29,7 +28,6 @@ class GoodputLog:
     def __init__(self, folder: Optional[Path], run_id: str, started: float):
         self.path = folder / LEDGER_FILE if folder is not None else None
         self.ledger = Ledger.begin(self._read(), run_id, started)
-        self._written = time.monotonic()
         self._warned = False
 
     def record(self, kind: str, seconds: float) -> None:
@@ -41,10 +39,9 @@ class GoodputLog:
     def summary(self) -> Goodput:
         return summary(self.ledger)
 
-    def save(self, *, force: bool = False) -> None:
-        if self.path is None or not (force or time.monotonic() - self._written >= WRITE_SECONDS):
+    def save(self) -> None:
+        if self.path is None:
             return
-        self._written = time.monotonic()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(str(self.path), json.dumps(self.ledger.to_dict()) + "\n")

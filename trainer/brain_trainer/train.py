@@ -383,7 +383,7 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
     loop_seconds = time.perf_counter() - start
     ckpt.finish(state)
     goodput.record(CHECKPOINT, time.perf_counter() - start - loop_seconds)
-    goodput.save(force=True)
+    goodput.save()
     reporter.checkpointed(committed_step(ckpt), ckpt.answered, goodput.summary())
     steps_run = state.step - first_step
     return TrainResult(
