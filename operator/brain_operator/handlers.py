@@ -40,7 +40,7 @@ from .metrics import OperatorMetrics
 from .on_demand import answered_events
 from .names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
 from .pods import RUNNING as POD_RUNNING
-from .progress import changed, progress_status
+from .progress import POLL_SECONDS, changed, progress_status
 from .reconcile import POD, deletion_events, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults, parse_job
 
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 # How often every job is reconciled even when nothing happened: it enforces
 # activeDeadlineSeconds and ttlSecondsAfterFinished, and heals missed events.
-RESYNC_SECONDS = 30.0
+RESYNC_SECONDS = POLL_SECONDS
 # A worker that does not answer in time is skipped until the next resync.
 PROGRESS_TIMEOUT_SECONDS = 2.0
 # A progress document is a few hundred bytes; a worker answering more is not trusted with the operator's memory.

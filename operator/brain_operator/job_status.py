@@ -22,14 +22,16 @@ TERMINAL = (SUCCEEDED, FAILED)
 VALID = "Valid"
 # One condition per phase a user may wait on (`kubectl wait --for=condition=Succeeded`), plus Valid.
 CONDITION_TYPES = (VALID, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+# Not a phase: a Running job that reports no progress (stalled.py).
+STALLED = "Stalled"
 CONDITION_STATUSES = ("True", "False", "Unknown")
 
 
 @dataclass
 class Condition:
-    """One condition of the job (Valid, Queued, Running, Restarting, Suspended, Succeeded, Failed)."""
+    """One condition of the job (Valid, Queued, Running, Restarting, Suspended, Succeeded, Failed, Stalled)."""
 
-    type: str = setting(choices=CONDITION_TYPES)
+    type: str = setting(choices=(*CONDITION_TYPES, STALLED))
     status: str = setting(choices=CONDITION_STATUSES)
     reason: Optional[str] = setting(None)
     message: Optional[str] = setting(None)

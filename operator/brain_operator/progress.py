@@ -1,7 +1,7 @@
 """Rank 0's progress document -> `status.progress`, `status.lastCheckpoint` and `status.goodput` (pure).
 
 The operator polls each running job's rank-0 `/progress` endpoint once per
-resync (`handlers.RESYNC_SECONDS`); these functions decide what to write, so
+resync (POLL_SECONDS); these functions decide what to write, so
 a large fleet does not flood the API server: a job's status is patched only
 when the answer changed.
 """
@@ -16,6 +16,8 @@ from brain_trainer.contract import Goodput, Progress, checkpoint_path, format_ti
 
 from .job_status import JobStatus, LastCheckpoint
 
+# How often the operator polls rank 0's progress (and reconciles every job: handlers' resync).
+POLL_SECONDS = 30.0
 # The status fields the progress poll owns (reconcile keeps them as they are).
 POLLED = ("progress", "lastCheckpoint", "goodput")
 

@@ -24,6 +24,7 @@ from .events import NORMAL, Event, compute_events
 from .job_status import FAILED, SUCCEEDED, JobStatus
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
 from .on_demand import request_events
+from .stalled import stalled_status
 from .pods import PodView, pod_view
 from .render import checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
@@ -162,7 +163,13 @@ def plan(
         the_plan = _plan_pytorchjob(job, desired, existing, previous, now)
     else:
         the_plan = _plan_elastic(job, desired, existing, previous, now)
-    return replace(the_plan, events=the_plan.events + tuple(request_events(the_plan.patches, existing)))
+    status, stall_events = stalled_status(job.spec.watchdog, job.spec.training.log_interval, the_plan.status, previous, now)
+    return replace(
+        the_plan,
+        status=status,
+        status_patch=status_patch(previous, status),
+        events=the_plan.events + tuple(request_events(the_plan.patches, existing)) + tuple(stall_events),
+    )
 
 
 @dataclass
