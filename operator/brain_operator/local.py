@@ -26,11 +26,12 @@ import sys
 import sysconfig
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, TextIO
 
 from brain_trainer.checkpoint.store import Candidate, list_checkpoints
-from brain_trainer.contract import CONFIG_FILE, PREEMPTED, PROGRESS_FILE_ENV, format_time
+from brain_trainer.contract import CONFIG_FILE, PREEMPTED, PROGRESS_FILE_ENV, Progress, format_time
 from brain_trainer.launcher import free_port
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
@@ -44,6 +45,7 @@ from .local_plan import (
     process_env,
 )
 from .spec import parse_job
+from .stalled import quiet
 
 __all__ = ["free_port", "newest_committed", "planner", "request_checkpoint", "run_job"]
 
@@ -52,6 +54,8 @@ POLL_SECONDS = 0.2
 # How long the trainers get to commit a checkpoint after SIGTERM before the
 # runner kills them (torchrun gives its workers 30 s).
 STOP_GRACE_SECONDS = 60.0
+# The progress document's time has whole seconds.
+STALL_SLACK_SECONDS = 1.0
 # Where `braintrain run` keeps persistent volume claims unless told (docs: local_plan).
 CLAIMS_DIR = Path("runs") / "claims"
 # prctl(2) option: orphaned descendants are re-parented to this process.
@@ -208,6 +212,9 @@ class _Runner:
         self.adopting = become_subreaper()
         # The first loss this run saw, so the summary shows that it fell.
         self.first_loss: Optional[float] = None
+        # When the current group started, and whether it is shown as stalled (stalled.py's limits).
+        self.running_since = datetime.now(timezone.utc)
+        self.stalled = False
 
     def request_stop(self, signum: int, _frame: object = None) -> None:
         # A second Ctrl-C: stop waiting for the checkpoint.
@@ -222,6 +229,19 @@ class _Runner:
         if doc is not None and self.first_loss is None:
             self.first_loss = doc.loss
         self.display.update(doc)
+        self._watch_stall(doc)
+
+    def _watch_stall(self, doc: Optional[Progress]) -> None:
+        """Say once when the trainers stop reporting progress for longer than the job allows, and when they resume."""
+        seen = quiet(self.plan.watchdog, self.plan.log_interval, doc, self.running_since, datetime.now(timezone.utc),
+                     slack=STALL_SLACK_SECONDS)
+        stalled = seen is not None and seen.seconds > seen.limit
+        if stalled and not self.stalled:
+            where = f"at step {doc.step}" if doc is not None else "before the first report"
+            self.display.note(f"stalled: no progress for {seen.seconds:.0f} s {where} (limit {seen.limit:.0f} s: {seen.why})")
+        elif self.stalled and not stalled:
+            self.display.note(f"progress again at step {doc.step if doc is not None else 0}")
+        self.stalled = stalled
 
     def _attempt(self, plan: LocalPlan) -> Optional[tuple[str, int]]:
         """Run one group to its end: None when every pod succeeded, else the first failed pod and its code.
@@ -231,6 +251,7 @@ class _Runner:
         period, then SIGKILL.
         """
         group = _Group(plan, self.lines, self.adopting)
+        self.running_since = datetime.now(timezone.utc)
         failure: Optional[tuple[str, int]] = None
         ending_since: Optional[float] = None
         try:

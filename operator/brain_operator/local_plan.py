@@ -24,6 +24,8 @@ from typing import Mapping, Optional
 
 from brain_trainer.contract import CHECKPOINT_REQUEST_FILE, CONFIG_FILE, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, PROGRESS_FILE_ENV, TERMINATION_LOG_ENV
 
+from brain_trainer.config import WatchdogConfig
+
 from .names import workers_service_name
 from .render.workers import (
     CHECKPOINT_VOLUME,
@@ -82,6 +84,8 @@ class LocalPlan:
     progress_file: Path
     total_steps: int
     backoff_limit: int
+    watchdog: WatchdogConfig  # with log_interval, what the runner's stall notice measures against (stalled.py)
+    log_interval: int
     files: dict[Path, str]
     dirs: list[Path]
     workers: list[LocalWorker]
@@ -213,6 +217,8 @@ def plan_local(
         progress_file=progress_file,
         total_steps=job.spec.training.steps,
         backoff_limit=job.spec.run_policy.backoff_limit,
+        watchdog=job.spec.watchdog,
+        log_interval=job.spec.training.log_interval,
         files={config_folder / CONFIG_FILE: config.to_yaml()},
         dirs=sorted(set(shared.values())),
         workers=local_workers,

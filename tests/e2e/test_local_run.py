@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -248,6 +249,12 @@ def test_a_frozen_trainer_is_noticed_by_its_peer_and_the_group_resumes_with_the_
     assert 'brain_trainer/watchdog.py", line' in out and 'brain_trainer/train.py", line' in out
     message = (workdir / "tmp" / "local-minimal-worker-0" / "termination-log").read_text()
     assert message.startswith("brain.ai/stalled: ")
+    # The runner saw it too: no progress for longer than the job allows (the frozen peer, then the group's restart).
+    notes = [line for line in out.splitlines() if line.startswith("braintrain: ")]
+    stall = next(i for i, line in enumerate(notes) if line.startswith("braintrain: stalled: no progress for "))
+    # The watchdog's limits between two reports, plus the second the document's times are rounded to.
+    assert int(re.search(r"\(limit (\d+) s: ", notes[stall])[1]) >= WATCHDOG_FLOOR + 1
+    assert any(line.startswith("braintrain: progress again at step ") for line in notes[stall + 1:])
     # The group resumed from the newest checkpoint, with the frozen trainer gone, and finished as if nothing happened.
     assert len(resumed) == 1 and not resumed[0][1], resumed
     step = int(resumed[0][0].split("/step-")[1][:8])
