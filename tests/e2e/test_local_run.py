@@ -313,7 +313,7 @@ def test_a_checkpoint_on_demand_is_committed_within_two_steps(tmp_path):
     assert (doc["checkpoint_request"], doc["checkpoint_request_step"]) == (request, on_demand[0])
 
 
-def test_goodput_after_a_killed_trainer_shows_the_recomputed_steps_and_adds_up_to_the_wall_time(tmp_path):
+def test_a_killed_trainer_on_worker_1_is_one_restart_and_goodput_shows_the_recomputed_steps(tmp_path):
     # A progress document after every step: the test kills between two checkpoints, so steps since the last commit are lost.
     job = write_job(tmp_path / "job.yaml")
     manifest = yaml.safe_load(job.read_text())
@@ -343,5 +343,7 @@ def test_goodput_after_a_killed_trainer_shows_the_recomputed_steps_and_adds_up_t
     assert goodput["ratio"] == pytest.approx(goodput["productive_seconds"] / goodput["wall_seconds"])
     ledger = json.loads((claim_of(workdir) / "goodput.json").read_text())
     assert ledger["high_water"] == STEPS and ledger["run_id"] == "local-minimal"
+    # Truthful restarts: rank 0's own agent restarted nothing of its own, yet the one group restart is counted, once.
+    assert json.loads((workdir / "progress.json").read_text())["restarts"] == ledger["restarts"] == 1
     (shown,) = [line for line in out.splitlines() if line.startswith("goodput:")]
     assert f"{100 * goodput['ratio']:.0f}% of " in shown and "recomputed" in shown

@@ -25,7 +25,7 @@ def test_a_first_run_is_its_initialisation_steps_and_saves():
 def test_after_a_restart_the_gap_is_waiting_and_steps_up_to_the_high_water_mark_are_recomputed():
     # The trainer died after its last entry; the next starts at 1040 and resumes from the checkpoint of step 4.
     ledger = Ledger.begin(first_trainer(), "uid-1", now=1040.0)
-    assert ledger.seconds[WAITING] == 15.0
+    assert ledger.seconds[WAITING] == 15.0 and (first_trainer().restarts, ledger.restarts) == (0, 1)
     ledger = ledger.add(INITIALIZATION, 5.0, now=1045.0)
     for step in range(5, 11):
         ledger = ledger.step(step, 2.0, now=1045.0 + 2 * (step - 4))

@@ -14,12 +14,14 @@ def fetch(port: int, path: str) -> bytes:
 
 
 def test_serves_progress_and_metrics(monkeypatch):
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    # Not torchrun's count of rank 0's own agent: the run's restarts, from the progress document.
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     server = MetricsServer(0, host="127.0.0.1")
     try:
         assert json.loads(fetch(server.port, "/progress")) == {}
         server.describe(version="1.2.3", preset="minimal", strategy="ddp", world_size="2")
-        server.publish(Progress(step=7, total_steps=20, loss=2.5, tokens_per_second=1000.0, last_checkpoint_step=5),
+        server.publish(Progress(step=7, total_steps=20, loss=2.5, tokens_per_second=1000.0, last_checkpoint_step=5,
+                                restarts=2),
                        step_times=[0.25, 0.75, 3.0], tokens=3 * 512, learning_rate=1e-3, grad_norm=0.5, mfu=None)
         assert json.loads(fetch(server.port, "/progress"))["step"] == 7
         lines = fetch(server.port, "/metrics").decode().splitlines()

@@ -140,6 +140,9 @@ class Progress:
     checkpoint_request: Optional[str] = setting(None, help="The newest checkpoint request answered (the brain.ai/checkpoint-now value)")
     checkpoint_request_step: Optional[int] = setting(None, minimum=0, help="Step of the checkpoint committed for checkpointRequest")
     goodput: Optional[Goodput] = setting(None, help="Where the job's wall time went (status shows it as goodput)")
+    restarts: Optional[int] = setting(
+        None, minimum=0, help="Worker-group restarts of the run, each once: a failure on any node, a pod replaced"
+    )
     updated_at: Optional[str] = setting(None, help="When it was written (RFC 3339, UTC)")
 
     def to_json(self) -> str:

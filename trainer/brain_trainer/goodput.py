@@ -38,14 +38,15 @@ class Ledger:
     started_at: float  # epoch seconds: the first trainer's start
     updated_at: float  # epoch seconds: the latest entry
     high_water: int = 0  # the furthest step any trainer of the run completed
+    restarts: int = 0  # trainers of the run after the first: worker-group restarts caused on any node, pod replacements
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
 
     @classmethod
     def begin(cls, previous: Optional["Ledger"], run_id: str, now: float) -> "Ledger":
-        """This trainer's ledger: the run's, with the gap since its last entry as waiting, or a new one."""
+        """This trainer's ledger: the run's, one restart more, with the gap since its last entry as waiting; or a new one."""
         if previous is None or previous.run_id != run_id:
             return cls(run_id=run_id, started_at=now, updated_at=now)
-        return previous.add(WAITING, max(0.0, now - previous.updated_at), now)
+        return replace(previous.add(WAITING, max(0.0, now - previous.updated_at), now), restarts=previous.restarts + 1)
 
     def add(self, kind: str, seconds: float, now: float) -> "Ledger":
         return replace(self, seconds={**self.seconds, kind: self.seconds[kind] + seconds}, updated_at=now)
@@ -73,7 +74,8 @@ class Ledger:
         try:
             seconds = {kind: float(doc["seconds"][kind]) for kind in KINDS}
             return cls(run_id=str(doc["run_id"]), started_at=float(doc["started_at"]),
-                       updated_at=float(doc["updated_at"]), high_water=int(doc["high_water"]), seconds=seconds)
+                       updated_at=float(doc["updated_at"]), high_water=int(doc["high_water"]),
+                       restarts=int(doc["restarts"]), seconds=seconds)
         except (TypeError, KeyError, ValueError):
             return None
 

@@ -18,8 +18,7 @@ from typing import Any, Optional, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
-from .contract import METRICS_PATH, PROGRESS_PATH, RESTART_COUNT_ENV, Goodput, Progress
-from .launcher import restart_count
+from .contract import METRICS_PATH, PROGRESS_PATH, Goodput, Progress
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +53,6 @@ class MetricsServer:
     def __init__(self, port: int, host: str = "0.0.0.0"):
         self.registry = CollectorRegistry()
         self._gauges = {key: Gauge(name, doc, registry=self.registry) for key, (name, doc) in _FROM_PROGRESS.items()}
-        restarts = Gauge(
-            METRIC_PREFIX + "restarts", f"Worker-group restarts seen by torchrun ({RESTART_COUNT_ENV})",
-            registry=self.registry,
-        )
-        restarts.set(restart_count())
         self._steps = Counter(METRIC_PREFIX + "steps", "Optimizer steps this process ran", registry=self.registry)
         self._tokens = Counter(METRIC_PREFIX + "tokens", "Tokens trained on over all ranks by the steps this process ran",
                                registry=self.registry)

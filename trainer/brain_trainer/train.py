@@ -168,7 +168,7 @@ class Reporter:
 
     def report(self, step: int, loss: float, *, tokens_per_second: float, step_times: list[float], tokens: int,
                lr: float, last_checkpoint_step: Optional[int], peak_memory: int, grad_norm: float,
-               mfu: Optional[float], answered: Optional[tuple[str, int]], goodput: Goodput) -> None:
+               mfu: Optional[float], answered: Optional[tuple[str, int]], goodput: Goodput, restarts: int) -> None:
         if not self.active:
             return
         step_time = sum(step_times) / len(step_times)
@@ -186,6 +186,7 @@ class Reporter:
                 last_checkpoint_step=last_checkpoint_step,
                 **_answered(answered),
                 goodput=goodput,
+                restarts=restarts,
                 updated_at=format_time(),
             ),
             step_times=step_times,
@@ -271,6 +272,11 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
     accumulation = cfg.accumulation_steps(world_size)
     global_batch = cfg.effective_batch_size(world_size)
     tokens_per_step = global_batch * training.seq_len
+    # Rank 0 keeps the run's ledger beside the checkpoints, which outlive this trainer (goodput.py); written at
+    # once, so this start counts as a restart of the run even if it dies before its first step.
+    ledger_folder = Path(cfg.checkpoint.dir) if rank == 0 and cfg.checkpoint.enabled else None
+    goodput = GoodputLog(ledger_folder, os.environ.get(RUN_ID_ENV, ""), args.started)
+    goodput.save()
 
     wrapper, model, source = build_and_wrap(cfg, dist_cfg, rank, world_size, device)
     reporter.init_memory(gather_init_memory(model, device, rank))
@@ -322,9 +328,6 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
             training.micro_batch_size, accumulation, world_size, global_batch, state.step,
         )
 
-    # Rank 0 keeps the run's ledger beside the checkpoints, which outlive this trainer (goodput.py).
-    ledger_folder = Path(cfg.checkpoint.dir) if rank == 0 and cfg.checkpoint.enabled else None
-    goodput = GoodputLog(ledger_folder, os.environ.get(RUN_ID_ENV, ""), args.started)
     goodput.record(INITIALIZATION, time.time() - args.started)
     stalled = ckpt.stall_total_s
 
@@ -373,7 +376,7 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
             tokens=tokens_per_step * steps, lr=scheduler.get_last_lr()[0], last_checkpoint_step=committed_step(ckpt),
             peak_memory=peak_memory_bytes(device), grad_norm=acc.last_grad_norm,
             mfu=mfu(tokens_per_second, flops_per_token, peak, world_size), answered=ckpt.answered,
-            goodput=goodput.summary(),
+            goodput=goodput.summary(), restarts=goodput.ledger.restarts,
         )
         history.append((state.step, mean_loss))
         running_loss.zero_()
