@@ -29,6 +29,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 DATA_SOURCES = ("synthetic", "files")
 LR_SCALING = ("none", "linear")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+# checkpoint.interval_steps chosen by the Young/Daly rule (young_daly.py).
+AUTO = "auto"
 
 ENTRYPOINT_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
 
@@ -184,12 +186,25 @@ class CheckpointConfig:
     """Sharded, atomically committed, resumable checkpoints."""
 
     dir: str = setting("checkpoints", derived=True, help="folder holding step-XXXXXXXX/ checkpoints (the checkpoint mount)")
-    interval_steps: int = setting(50, minimum=0, help="steps between checkpoints; 0 saves only at the end")
+    interval_steps: int | str = setting(
+        50, help=f"steps between checkpoints; 0 saves only at the end; {AUTO}: Young/Daly's optimum from the measured "
+        "checkpoint stall, the step time and mtbfMinutes"
+    )
+    mtbf_minutes: Optional[float] = setting(
+        None, minimum=0, exclusive_minimum=True,
+        help=f"mean time between failures for intervalSteps {AUTO}; default: the run's own (its wall time over its "
+        "restarts) once it has restarted, else a day",
+    )
     keep_last: int = setting(3, minimum=1, help="committed checkpoints to keep")
     async_save: bool = setting(True, key="async", help="save in the background; the loop stalls only for staging")
     preemption_vote_seconds: float = setting(1.0, minimum=0, help="seconds between the ranks' votes on whether one got SIGTERM; "
                                        "0 votes after every step")
     enabled: bool = setting(True, help="false: never save nor resume")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        steps = self.interval_steps
+        if isinstance(steps, str) and steps != AUTO or isinstance(steps, int) and steps < 0:
+            yield "interval_steps", f"must be a number of steps >= 0 or {AUTO}, got {steps!r}"
 
 
 @dataclass

@@ -139,6 +139,9 @@ class Progress:
     last_checkpoint_step: Optional[int] = setting(None, minimum=0, help="Step of the newest committed checkpoint (status shows it as lastCheckpoint)")
     checkpoint_request: Optional[str] = setting(None, help="The newest checkpoint request answered (the brain.ai/checkpoint-now value)")
     checkpoint_request_step: Optional[int] = setting(None, minimum=0, help="Step of the checkpoint committed for checkpointRequest")
+    checkpoint_interval_steps: Optional[int] = setting(
+        None, minimum=0, help="Steps between checkpoints in use (chosen by Young/Daly under intervalSteps auto)"
+    )
     goodput: Optional[Goodput] = setting(None, help="Where the job's wall time went (status shows it as goodput)")
     restarts: Optional[int] = setting(
         None, minimum=0, help="Worker-group restarts of the run, each once: a failure on any node, a pod replaced"

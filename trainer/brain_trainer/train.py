@@ -50,6 +50,7 @@ from .schedule import WarmupCosine, follow_config, peak_learning_rate
 from .schema import ConfigError, FieldError
 from .version import __version__
 from .watchdog import Watchdog
+from .young_daly import choose_mtbf
 
 if TYPE_CHECKING:
     from .board import Scalars
@@ -168,7 +169,8 @@ class Reporter:
 
     def report(self, step: int, loss: float, *, tokens_per_second: float, step_times: list[float], tokens: int,
                lr: float, last_checkpoint_step: Optional[int], peak_memory: int, grad_norm: float,
-               mfu: Optional[float], answered: Optional[tuple[str, int]], goodput: Goodput, restarts: int) -> None:
+               mfu: Optional[float], answered: Optional[tuple[str, int]], goodput: Goodput, restarts: int,
+               checkpoint_interval: int) -> None:
         if not self.active:
             return
         step_time = sum(step_times) / len(step_times)
@@ -187,6 +189,7 @@ class Reporter:
                 **_answered(answered),
                 goodput=goodput,
                 restarts=restarts,
+                checkpoint_interval_steps=checkpoint_interval,
                 updated_at=format_time(),
             ),
             step_times=step_times,
@@ -303,6 +306,9 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
     cleanup.callback(ckpt.close, wait=False)
     if ckpt.restore(state) is not None:
         follow_config(scheduler, schedule, peak_lr)
+    if rank == 0:  # the vote shares rank 0's figure: only its ledger knows the run's failures
+        ledger = goodput.ledger
+        ckpt.mtbf_s, ckpt.mtbf_source = choose_mtbf(cfg.checkpoint.mtbf_minutes, ledger.wall_seconds, ledger.restarts)
     reporter.started(state.step, version=__version__, preset=cfg.model.entrypoint or cfg.model.preset,
                      strategy=dist_cfg.strategy, world_size=str(world_size))
     flops_per_token = training_flops_per_token(sum(p.numel() for p in model.parameters()))
@@ -376,7 +382,7 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
             tokens=tokens_per_step * steps, lr=scheduler.get_last_lr()[0], last_checkpoint_step=committed_step(ckpt),
             peak_memory=peak_memory_bytes(device), grad_norm=acc.last_grad_norm,
             mfu=mfu(tokens_per_second, flops_per_token, peak, world_size), answered=ckpt.answered,
-            goodput=goodput.summary(), restarts=goodput.ledger.restarts,
+            goodput=goodput.summary(), restarts=goodput.ledger.restarts, checkpoint_interval=ckpt.interval,
         )
         history.append((state.step, mean_loss))
         running_loss.zero_()

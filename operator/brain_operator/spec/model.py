@@ -111,6 +111,7 @@ class CheckpointSpec(CheckpointConfig):
     )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        yield from super().check(name)
         if self.claim_name is not None and self.volume_claim_template is not None:
             yield "volume_claim_template", f"set either {name('claim_name')} or {name('volume_claim_template')}, not both"
         if self.mount_path.rstrip("/") in ("", *POD_MOUNTS):

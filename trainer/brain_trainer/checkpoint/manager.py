@@ -23,10 +23,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from ..config import CheckpointConfig
+from ..config import AUTO, CheckpointConfig
 from ..contract import PREEMPTED, PREEMPTED_MESSAGE
 from ..launcher import restart_count
 from ..termination import write_termination_message
+from ..young_daly import FIRST_INTERVAL_STEPS, interval_steps
 from . import shards, store
 from .state import TrainState, rng_key
 
@@ -114,6 +115,12 @@ class CheckpointManager:
         self._request_seen = self._read_request()  # a request from before this start is not repeated
         self._requested: tuple[str, int] | None = None  # (request, step) saved for it, until committed
         self.answered: tuple[str, int] | None = None  # the newest request whose checkpoint is committed
+        # intervalSteps auto (young_daly.py): every rank computes the same interval from what the votes agree on.
+        self.auto = cfg.interval_steps == AUTO
+        self.interval = FIRST_INTERVAL_STEPS if self.auto else int(cfg.interval_steps)
+        self.mtbf_s = 0.0  # set by rank 0 (its goodput ledger knows the run's failures); the vote shares it
+        self.mtbf_source = ""
+        self._last_save_step = 0
         self.manifest_fields = manifest_fields or {}  # more facts for every manifest (the model, where it started from)
         self.rank = rank
         self.world_size = world_size
@@ -170,7 +177,7 @@ class CheckpointManager:
                 _barrier(self._group)
                 continue
             self._load(state, candidate)
-            self._saved_step = state.step
+            self._saved_step = self._last_save_step = state.step
             self.last_committed = (candidate.step, candidate.path)
             return state.step
         if self.rank == 0:
@@ -203,8 +210,11 @@ class CheckpointManager:
         """Call after every optimizer step (state.step already advanced)."""
         if not self.cfg.enabled:
             return
-        interval = self.cfg.interval_steps
-        saving = bool(interval) and state.step % interval == 0
+        interval = self.interval
+        if self.auto:
+            saving = state.step - self._last_save_step >= interval
+        else:
+            saving = bool(interval) and state.step % interval == 0
         # A save is collective anyway, so the ranks vote before each one as well.
         if saving or self._next_vote is None or state.step >= self._next_vote:
             stop, request = self._vote(state.step)
@@ -229,16 +239,32 @@ class CheckpointManager:
         """
         now = time.perf_counter()
         request = self._new_request()
-        if self._group is None:
-            return self._stop_requested, request  # nothing to agree on: look after every step, for free
+        if self._group is None:  # nothing to agree on: look after every step, for free
+            if self.auto and self._last_vote and step > self._last_vote[0]:
+                self._choose_interval(self.last_stall_s, self.mtbf_s, (now - self._last_vote[1]) / (step - self._last_vote[0]))
+            self._last_vote = (step, now)
+            return self._stop_requested, request
         since = now - self._last_vote[1] if self._last_vote else 0.0
-        votes = torch.tensor([float(self._stop_requested), since, float(request is not None)], dtype=torch.float64)
+        votes = torch.tensor([float(self._stop_requested), since, float(request is not None), self.last_stall_s,
+                              self.mtbf_s], dtype=torch.float64)
         dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self._group)
         stop, since = bool(votes[0]), float(votes[1])
         steps = step - self._last_vote[0] if self._last_vote else 0
         self._next_vote = step + steps_between_votes(self.cfg.preemption_vote_seconds, since / steps if steps else 0.0)
         self._last_vote = (step, now)
+        if self.auto and steps:
+            self._choose_interval(float(votes[3]), float(votes[4]), since / steps)
         return stop, (request or "") if votes[2] else None
+
+    def _choose_interval(self, stall_s: float, mtbf_s: float, step_s: float) -> None:
+        """intervalSteps auto: Young/Daly's interval once a save's stall is measured (the slowest rank's figures)."""
+        if stall_s <= 0 or mtbf_s <= 0:
+            return
+        chosen = interval_steps(stall_s, mtbf_s, step_s)
+        if chosen != self.interval and self.rank == 0:
+            log.info("checkpoint interval (auto): %d steps, by Young/Daly from a %.3g s checkpoint stall, %.3g s steps "
+                     "and a mean time between failures of %.0f s (%s)", chosen, stall_s, step_s, mtbf_s, self.mtbf_source)
+        self.interval = chosen
 
     def _read_request(self) -> str:
         if self.request_file is None:
@@ -332,7 +358,7 @@ class CheckpointManager:
             self._pending = self._executor.submit(self._commit_when_written, written, folder, fields, started)
         self.last_stall_s = time.perf_counter() - started
         self.stall_total_s += self.last_stall_s
-        self._saved_step = state.step
+        self._saved_step = self._last_save_step = state.step
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # The copy to CPU memory overlaps the next forward and backward; only the
