@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.amp import GradScaler
 from torch.optim.lr_scheduler import LambdaLR
-from torch.utils.data import Dataset
 
 from .accumulation import GradientAccumulator
 from .checkpoint import CheckpointManager, SampleLog, TrainState
