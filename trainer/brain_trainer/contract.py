@@ -110,6 +110,7 @@ class Progress:
     tokens_per_second: Optional[float] = setting(None, minimum=0, help="Training throughput over all ranks")
     eta_seconds: Optional[float] = setting(None, minimum=0, help="Estimated seconds until the last step")
     last_checkpoint_step: Optional[int] = setting(None, minimum=0, help="Step of the newest committed checkpoint (status shows it as lastCheckpoint)")
+    eval_loss: Optional[float] = setting(None, help="Held-out loss of the newest evaluation on the validation split, over all ranks")
     updated_at: Optional[str] = setting(None, help="When it was written (RFC 3339, UTC)")
 
     def to_json(self) -> str:
