@@ -194,8 +194,9 @@ class _Runner:
         self.hurry = False
         self.wake = threading.Event()
         self.adopting = become_subreaper()
-        # The first loss this run saw, so the summary shows that it fell.
+        # The first loss and held-out loss this run saw, so the summary shows that they fell.
         self.first_loss: Optional[float] = None
+        self.first_eval_loss: Optional[float] = None
 
     def request_stop(self, signum: int, _frame: object = None) -> None:
         # A second Ctrl-C: stop waiting for the checkpoint.
@@ -209,6 +210,8 @@ class _Runner:
         doc = read_progress(self.plan.progress_file)
         if doc is not None and self.first_loss is None:
             self.first_loss = doc.loss
+        if doc is not None and self.first_eval_loss is None:
+            self.first_eval_loss = doc.eval_loss
         self.display.update(doc)
 
     def _attempt(self, plan: LocalPlan) -> Optional[tuple[str, int]]:
@@ -324,6 +327,8 @@ def run_job(
         checkpoint=str(last.path) if last else None,
         restarts=restarts,
         message=message,
+        eval_loss=doc.eval_loss if doc else None,
+        first_eval_loss=runner.first_eval_loss,
     )
     print("\n".join(summary_lines(summary)), file=stream, flush=True)
     if status == "Succeeded":
