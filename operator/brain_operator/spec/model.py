@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from brain_trainer.config import CheckpointConfig, TrainerSections
+from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
 from brain_trainer.schema import Names, setting
 
 from ..schedulers import GANG_MODES, GANG_NONE
@@ -123,6 +123,44 @@ class CheckpointSpec(CheckpointConfig):
 
 
 @dataclass
+class DataVolumeSpec:
+    """The volume holding the training data, mounted read-only in every worker."""
+
+    claim_name: Optional[str] = setting(None, pattern=SUBDOMAIN_PATTERN, help="a PersistentVolumeClaim holding the data")
+    volume: Optional[str] = setting(
+        None, pattern=SUBDOMAIN_PATTERN,
+        help="instead of a claim: the name of a volume in spec.podTemplate.spec.volumes (NFS, CSI, ...)",
+    )
+    mount_path: str = setting("/data", pattern=r"/.*", help="where the trainer sees it; data.path names a file or folder below")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if (self.claim_name is None) == (self.volume is None):
+            yield "claim_name", f"set either {name('claim_name')} or {name('volume')}"
+        if self.mount_path.rstrip("/") in ("", *POD_MOUNTS):
+            yield "mount_path", f"must not be {self.mount_path!r} (used by the pod itself)"
+
+
+@dataclass
+class DataSpec(DataConfig):
+    """The trainer's data settings, and the volume the data lives on."""
+
+    volume: Optional[DataVolumeSpec] = setting(None, help="mount a volume read-only for data.path")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        yield from super().check(name)
+        if self.volume is not None and self.path is not None and not _below(self.path, self.volume.mount_path):
+            yield "path", f"must lie below {name('volume.mount_path')} ({self.volume.mount_path}), got {self.path!r}"
+
+    def trainer_config(self) -> DataConfig:
+        """The trainer's part."""
+        return DataConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DataConfig)})
+
+
+def _below(path: str, mount: str) -> bool:
+    return path.startswith(mount.rstrip("/") + "/")
+
+
+@dataclass
 class NcclSpec:
     """NCCL settings, rendered as environment variables."""
 
@@ -190,6 +228,7 @@ class JobSpec(TrainerSections):
     backend: str = setting("elastic", choices=JOB_BACKENDS, help="elastic: operator-managed pods; pytorchjob: Kubeflow")
     nodes: int = setting(1, minimum=1, help="worker pods")
     nproc_per_node: int = setting(1, minimum=1, help="training processes per pod (GPUs per pod)")
+    data: DataSpec = field(default_factory=DataSpec)
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
@@ -200,8 +239,17 @@ class JobSpec(TrainerSections):
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         yield from super().check(name)
-        for path, message in job_problems(self.pod_template, self.checkpoint.mount_path, self.scheduling.priority_class_name):
+        volume = self.data.volume
+        data_mount = volume.mount_path if volume is not None else None
+        for path, message in job_problems(self.pod_template, self.checkpoint.mount_path, self.scheduling.priority_class_name,
+                                          data_mount):
             yield f"pod_template.{path}", message
+        if volume is not None:
+            if volume.volume is not None and volume.volume not in {v.get("name") for v in self.pod_template.spec.volumes}:
+                yield "data.volume.volume", f"{volume.volume!r} names no volume of {name('pod_template.spec.volumes')}"
+            mounts = [m.rstrip("/") for m in (volume.mount_path, self.checkpoint.mount_path)]
+            if mounts[0] == mounts[1] or _below(mounts[0], mounts[1]) or _below(mounts[1], mounts[0]):
+                yield "data.volume.mount_path", f"must not overlap {name('checkpoint.mount_path')} ({self.checkpoint.mount_path})"
         if self.scheduling.gang != GANG_NONE and self.backend != "elastic":
             yield (
                 "scheduling.gang",
