@@ -104,7 +104,7 @@ def test_an_invalid_manifest_names_each_field_exits_1_and_starts_nothing(command
 def test_validate_accepts_every_example(capsys, monkeypatch):
     monkeypatch.delenv(OperatorDefaults.ENV_IMAGE, raising=False)
     for example in EXAMPLES:
-        local = ["--local"] if example == LOCAL_MINIMAL else []
+        local = ["--local"] if example.name.startswith("local-") else []
         code, out, err = run_cli(capsys, "validate", example, *local)
         assert (code, err) == (0, ""), example
         assert "valid BrainTrainingJob" in out
