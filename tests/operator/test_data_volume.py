@@ -100,7 +100,8 @@ def test_bad_data_volumes_name_the_field():
     assert errors({**tokens, "volume": {"volume": "nfs"}}) == [
         "spec.data.volume.volume: 'nfs' names no volume of podTemplate.spec.volumes"]
     assert errors({"source": "tokens", "path": "/elsewhere/ds", "volume": {"claimName": "c"}}) == [
-        "spec.data.path: must lie below volume.mountPath (/data), got '/elsewhere/ds'"]
+        "spec.data.path: must be volume.mountPath (/data) or lie below it, got '/elsewhere/ds'"]
+    parse_job(manifest({"source": "tokens", "path": "/data", "volume": {"claimName": "c"}}))  # the claim holds the dataset itself
     assert errors({"source": "tokens", "path": "/etc/brain/ds", "volume": {"claimName": "c", "mountPath": "/etc/brain"}}) == [
         "spec.data.volume.mountPath: must not be '/etc/brain' (used by the pod itself)"]
     assert errors({"source": "tokens", "path": "/checkpoints/data/ds",

@@ -33,7 +33,7 @@ from .kube import (
     SHARED_WRITE_MODES,
     SUBDOMAIN_PATTERN,
 )
-from .overlay import PodTemplateOverlay, job_problems
+from .overlay import PodTemplateOverlay, job_problems, within
 from .owned import CONFIG_DIR, SHM_DIR
 
 JOB_BACKENDS = ("elastic", "pytorchjob")
@@ -148,16 +148,12 @@ class DataSpec(DataConfig):
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         yield from super().check(name)
-        if self.volume is not None and self.path is not None and not _below(self.path, self.volume.mount_path):
-            yield "path", f"must lie below {name('volume.mount_path')} ({self.volume.mount_path}), got {self.path!r}"
+        if self.volume is not None and self.path is not None and not within(self.path, self.volume.mount_path):
+            yield "path", f"must be {name('volume.mount_path')} ({self.volume.mount_path}) or lie below it, got {self.path!r}"
 
     def trainer_config(self) -> DataConfig:
         """The trainer's part."""
         return DataConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DataConfig)})
-
-
-def _below(path: str, mount: str) -> bool:
-    return path.startswith(mount.rstrip("/") + "/")
 
 
 @dataclass
@@ -223,12 +219,13 @@ class RunPolicySpec:
 class JobSpec(TrainerSections):
     """Desired state of a BrainTrainingJob: the trainer's sections, then the operator's."""
 
+    data: DataSpec = field(default_factory=DataSpec)  # the trainer's DataConfig plus the data volume; keeps its place
+
     image: Optional[str] = setting(None, help="trainer image (required unless the operator has a default)")
     image_pull_policy: str = setting("IfNotPresent", choices=PULL_POLICIES)
     backend: str = setting("elastic", choices=JOB_BACKENDS, help="elastic: operator-managed pods; pytorchjob: Kubeflow")
     nodes: int = setting(1, minimum=1, help="worker pods")
     nproc_per_node: int = setting(1, minimum=1, help="training processes per pod (GPUs per pod)")
-    data: DataSpec = field(default_factory=DataSpec)
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
@@ -247,8 +244,8 @@ class JobSpec(TrainerSections):
         if volume is not None:
             if volume.volume is not None and volume.volume not in {v.get("name") for v in self.pod_template.spec.volumes}:
                 yield "data.volume.volume", f"{volume.volume!r} names no volume of {name('pod_template.spec.volumes')}"
-            mounts = [m.rstrip("/") for m in (volume.mount_path, self.checkpoint.mount_path)]
-            if mounts[0] == mounts[1] or _below(mounts[0], mounts[1]) or _below(mounts[1], mounts[0]):
+            data_mount, checkpoints = volume.mount_path, self.checkpoint.mount_path
+            if within(data_mount, checkpoints) or within(checkpoints, data_mount):
                 yield "data.volume.mount_path", f"must not overlap {name('checkpoint.mount_path')} ({self.checkpoint.mount_path})"
         if self.scheduling.gang != GANG_NONE and self.backend != "elastic":
             yield (

@@ -156,14 +156,14 @@ def job_problems(overlay: PodTemplateOverlay, checkpoint_mount: str, priority_cl
     for j, mount in enumerate(spec.containers[index].get("volumeMounts") or []):
         path = mount.get("mountPath")
         owned = (CONFIG_DIR, SHM_DIR, checkpoint_mount, *([data_mount] if data_mount else []))
-        if isinstance(path, str) and any(_within(path, mount) for mount in owned):
+        if isinstance(path, str) and any(within(path, mount) for mount in owned):
             yield (
                 f"spec.containers[{index}].volumeMounts[{j}].mountPath",
                 f"{path!r} is the trainer's own mount (the trainer config, shared memory, checkpoints or data)",
             )
 
 
-def _within(path: str, mount: str) -> bool:
+def within(path: str, mount: str) -> bool:
     inner, outer = PurePosixPath(path), PurePosixPath(mount)
     return inner == outer or outer in inner.parents
 
