@@ -341,7 +341,7 @@ class Meta(nn.Module):
 
 
 class Heads(nn.Module):
-    """Final norm and the byte head (not tied to the embedding: each FSDP unit owns its weights)."""
+    """Final norm and the output head over the vocabulary (not tied to the embedding: each FSDP unit owns its weights)."""
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()

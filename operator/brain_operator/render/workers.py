@@ -91,7 +91,7 @@ def checkpoint_claim_name(job: Job) -> Optional[str]:
 
 
 def data_volume(job: Job) -> tuple[Volume, ...]:
-    """spec.data.volume, read-only: the claim as the pod's `data` volume, or the mount of a pod overlay volume."""
+    """spec.data.volume, read-only: its claim as the pod volume `training-data`, or the mount of a pod overlay volume."""
     spec = job.spec.data.volume
     if spec is None:
         return ()
