@@ -154,6 +154,22 @@ def test_estimate_on_the_7b_example_reports_the_per_rank_breakdown(capsys):
     assert code == 0 and "strategy: auto picks fsdp full_shard + full activation checkpointing + CPU offload" in out
 
 
+def test_estimate_sizes_a_hand_set_vocabulary(tmp_path, capsys):
+    data = yaml.safe_load(GPU_7B.read_text())
+    data["spec"]["model"]["vocabSize"] = 128_256
+    path = tmp_path / "llama-vocab.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, resized, err = run_cli(capsys, "estimate", path)
+    assert code == 0, err
+    _, plain, _ = run_cli(capsys, "estimate", GPU_7B)
+    assert resized.startswith("brain-7b: preset 7b (vocabulary 128,256), 8 rank(s)")
+
+    def total(out):
+        return float(re.search(r"^  total +([0-9.]+) GiB", out.split("strategy: auto picks ")[1], re.M)[1])
+
+    assert total(resized) > total(plain)
+
+
 def test_estimate_of_a_model_that_fits_nowhere_is_one_clear_line(tmp_path, capsys):
     data = yaml.safe_load(GPU_7B.read_text())
     path = tmp_path / "tiny.yaml"
