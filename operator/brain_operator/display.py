@@ -9,7 +9,6 @@ formatting functions are pure.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.progress import Progress as ProgressBar
 from rich.text import Text
 
-from brain_trainer.contract import Progress
+from brain_trainer.contract import Progress, perplexity
 
 __all__ = [
     "Display",
@@ -70,10 +69,6 @@ def _eval(doc: Progress) -> str:
     return "" if doc.eval_loss is None else f"  eval {_loss(doc.eval_loss)}"
 
 
-def _perplexity(loss: float) -> str:
-    return f"{math.exp(min(loss, 700.0)):,.1f}"  # exp overflows a float past ~709
-
-
 def progress_line(doc: Progress) -> str:
     """`step 120/200 (60%)  loss 2.1342  eval 2.3456  12,345 tok/s  ETA 0m32s`"""
     step, total = doc.step, doc.total_steps or 0
@@ -105,7 +100,7 @@ def summary_lines(s: RunSummary) -> list[str]:
     evaluated = []
     if s.eval_loss is not None:
         first = f"; first: {_loss(s.first_eval_loss)}" if s.first_eval_loss is not None else ""
-        evaluated = [f"eval loss:   {_loss(s.eval_loss)} (perplexity {_perplexity(s.eval_loss)}{first})"]
+        evaluated = [f"eval loss:   {_loss(s.eval_loss)} (perplexity {perplexity(s.eval_loss):,.1f}{first})"]
     return [
         f"status:      {s.status}" + (f" ({s.message})" if s.message else ""),
         f"steps:       {'-' if s.step is None else s.step}/{s.total_steps}",

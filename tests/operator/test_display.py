@@ -74,6 +74,7 @@ def test_summary_names_every_figure():
     assert "eval loss" not in text, "a job without evaluation says nothing about it"
     evaluated = summary_lines(replace(summary, eval_loss=2.0, first_eval_loss=6.0))
     assert evaluated[3] == "eval loss:   2.0000 (perplexity 7.4; first: 6.0000)"
+    assert "(perplexity 10,142,320," in summary_lines(replace(summary, eval_loss=800.0))[3], "a diverged loss: capped, no overflow"
 
 
 def test_rich_display_shows_the_bar_figures_under_the_labelled_output():

@@ -7,6 +7,7 @@ contract is written twice (docs/architecture.md, "The contract").
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -135,3 +136,8 @@ class Progress:
 
 def eta_seconds(step: int, total_steps: int, seconds_per_step: float) -> float:
     return max(0, total_steps - step) * seconds_per_step
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), the held-out loss as readers quote it; capped where exp would overflow a float (~709)."""
+    return math.exp(min(loss, 700.0))

@@ -12,9 +12,9 @@ ranks must take part in each gather.
 
 from __future__ import annotations
 
-import math
+import contextlib
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .config import TrainingConfig
+from .contract import perplexity
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class EvalResult:
 
     @property
     def perplexity(self) -> float:
-        return math.exp(min(self.loss, 700.0))  # exp overflows a float past ~709
+        return perplexity(self.loss)
 
 
 def eval_batches(windows: int, micro_batch_size: int, eval_steps: int) -> list[range]:
@@ -56,7 +57,7 @@ class Evaluator:
     """This rank's part of every evaluation on `dataset` (the validation split)."""
 
     def __init__(self, dataset: Dataset, micro_batch_size: int, eval_steps: int, rank: int, world_size: int,
-                 device: torch.device, autocast):
+                 device: torch.device, autocast: Callable[[], contextlib.AbstractContextManager]):
         self.dataset = dataset
         self.device = device
         self.autocast = autocast  # a factory of the loop's autocast context: evaluation computes as training does
