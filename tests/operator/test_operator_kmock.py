@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -78,25 +79,30 @@ class FaultyEmulator(Emulator):
         return response
 
 
+def serve_resources(km, tmp_path, monkeypatch):
+    """Our resources in kmock, and a kubeconfig that points the kubernetes client at it."""
+    for key, (kind, namespaced, subresources) in RESOURCES.items():
+        km.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(km.url).rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+    }))
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+
+
 @contextlib.asynccontextmanager
 async def operator(tmp_path, monkeypatch, **client_options):
     """kmock serving our resources, and the kopf operator running against it; yields (kmock, waits asked)."""
     async with FaultyEmulator() as km, kmock.Server(km):
-        for key, (kind, namespaced, subresources) in RESOURCES.items():
-            km.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": str(km.url).rstrip("/")}}],
-            "users": [{"name": "kmock", "user": {"token": "test"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
-        }))
-        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        serve_resources(km, tmp_path, monkeypatch)
         waits = []
 
         def sleep(seconds):  # the client's retry waits, recorded and really waited
             waits.append(seconds)
-            __import__("time").sleep(seconds)
+            time.sleep(seconds)
 
         client = await asyncio.to_thread(KubernetesClient, sleep=sleep, **client_options)
         settings = kopf.OperatorSettings()
@@ -147,6 +153,8 @@ def test_children_are_watched_with_a_server_side_selector_and_a_steady_reconcile
             await set_pod(km, "demo-worker-1", "Running")
             await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running"
                               and "brain.ai/last-handled-configuration" in o["metadata"].get("annotations", {}))
+            # Events follow the status write: wait for the transition's too.
+            await first_event(km, f"/api/v1/namespaces/{NS}/events", lambda e: e.get("reason") == "Running")
             mark = len(list(km))
             # A pod becomes ready: its event reaches reconcile, which reads the children from the indexes.
             await set_pod(km, "demo-worker-1", "Running", ready=True)
@@ -212,16 +220,7 @@ def test_a_worker_failure_under_api_faults_is_counted_and_reported_once(tmp_path
 
 async def served_client(tmp_path, monkeypatch, km, **options):
     """The real KubernetesClient against `km`, its retry waits recorded on a clock of their own."""
-    for key, (kind, namespaced, subresources) in RESOURCES.items():
-        km.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": str(km.url).rstrip("/")}}],
-        "users": [{"name": "kmock", "user": {"token": "test"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
-    }))
-    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    serve_resources(km, tmp_path, monkeypatch)
     clock = [0.0]
     waits = []
 
