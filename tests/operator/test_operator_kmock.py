@@ -11,6 +11,7 @@ import contextlib
 import json
 import re
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Optional
 
@@ -58,6 +59,9 @@ class FaultyEmulator(Emulator):
         return None
 
     async def _handle(self, request):
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            # The API server gives every object a uid (kmock does not); failure accounting relies on it.
+            request.data.setdefault("metadata", {}).setdefault("uid", str(uuid.uuid4()))
         fault = self._take(request)
         if fault is not None and not fault.after:
             return self._status(fault)
@@ -195,6 +199,7 @@ def test_a_worker_failure_under_api_faults_is_counted_and_reported_once(tmp_path
             await set_pod(km, "demo-worker-0", "Running", ready=True)
             await set_pod(km, "demo-worker-1", "Running", ready=True)
             await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
+            failed_uid = (await (await km.get(f"{PODS}/demo-worker-1")).json())["metadata"]["uid"]
             km.faults += [
                 Fault("PATCH", f"{JOBS}/demo/status", 500, times=2),  # the status write fails twice
                 Fault("DELETE", f"{PODS}/demo-worker-1", 500, after=True),  # deleted, then answered 500
@@ -209,12 +214,13 @@ def test_a_worker_failure_under_api_faults_is_counted_and_reported_once(tmp_path
             await first_event(km, JOBS, lambda o: not (o.get("status") or {}).get("handledFailures"),
                               timeout=CONVERGED_WITHIN)
             events = [e for e in await objects(km, f"/api/v1/namespaces/{NS}/events") if e["reason"] == "WorkerFailed"]
-            return km.served, waits, restarted, events
+            return km.served, waits, restarted, events, failed_uid
 
-    served, waits, restarted, events = asyncio.run(scenario())
+    served, waits, restarted, events, failed_uid = asyncio.run(scenario())
     assert [status for _, _, status in served] == [500, 500, 500, 429]
     assert 1.0 in waits  # Retry-After honoured
-    assert restarted["status"]["restarts"] == 1
+    # Counted and recorded in one status write; the uid left the list once its pod was gone.
+    assert restarted["status"]["restarts"] == 1 and restarted["status"]["handledFailures"] == [failed_uid]
     assert len(events) == 1 and "demo-worker-1" in events[0]["message"]
 
 
