@@ -140,7 +140,7 @@ def reconcile_job(context: Context, namespace: str, name: str) -> Optional[dict[
 
 
 def handle(context: Context, namespace: str, name: str) -> None:
-    """Reconcile for an event or the resync; a pass that fails is tried again for this job soon."""
+    """Reconcile for an event; a pass that fails is tried again for this job soon."""
     # Known before its first read, which may fail: the resync includes it either way.
     context.remember(namespace, name, True)
     try:
@@ -234,11 +234,11 @@ async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> 
     while True:
         await asyncio.sleep(interval)
         for namespace, name in context.known_jobs():
-            await asyncio.to_thread(handle, context, namespace, name)
             try:
+                await asyncio.to_thread(reconcile_job, context, namespace, name)
                 await asyncio.to_thread(poll_progress, context, namespace, name)
-            except Exception:  # one broken job must not stop the others' resync
-                job_logger(log, namespace, name).exception("progress poll failed")
+            except Exception:  # one broken job must not stop the others' resync; the next resync tries again
+                job_logger(log, namespace, name).exception("resync failed")
 
 
 # Handlers return None: kopf would store a returned value in the job's status.
