@@ -210,8 +210,9 @@ class _Runner:
         self.hurry = False
         self.wake = threading.Event()
         self.adopting = become_subreaper()
-        # The first loss this run saw, so the summary shows that it fell.
+        # The first loss and held-out loss this run saw, so the summary shows that they fell.
         self.first_loss: Optional[float] = None
+        self.first_eval_loss: Optional[float] = None
         # When the current group started, and whether it is shown as stalled (stalled.py's limits).
         self.running_since = datetime.now(timezone.utc)
         self.stalled = False
@@ -228,6 +229,8 @@ class _Runner:
         doc = read_progress(self.plan.progress_file)
         if doc is not None and self.first_loss is None:
             self.first_loss = doc.loss
+        if doc is not None and self.first_eval_loss is None:
+            self.first_eval_loss = doc.eval_loss
         self.display.update(doc)
         self._watch_stall(doc)
 
@@ -372,6 +375,8 @@ def run_job(
         checkpoint=str(last.path) if last else None,
         restarts=restarts,
         message=message,
+        eval_loss=doc.eval_loss if doc else None,
+        first_eval_loss=runner.first_eval_loss,
         goodput=doc.goodput if doc else None,
     )
     print("\n".join(summary_lines(summary)), file=stream, flush=True)

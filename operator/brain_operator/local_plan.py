@@ -32,6 +32,7 @@ from .render.workers import (
     CLAIM,
     CONFIG_MAP,
     LOCAL_ADDR_ENV,
+    OVERLAY,
     RDZV_ENDPOINT_ENV,
     Worker,
     elastic_workers,
@@ -128,11 +129,12 @@ def localize(job: Job, *, base_dir: Path, stdlib: Path) -> Job:
 def _folders(worker: Worker, workdir: Path, claims: Path) -> tuple[dict[str, Path], dict[str, Path]]:
     """(shared, per-pod) local folders of the worker's volumes, by volume name.
 
-    A claim is the folder of that name in `claims`. The checkpoint volume
-    without a claim is the work directory's `checkpoints/`, shared by every
-    local pod all the same, so a failed group and a rerun in the same work
-    directory resume from it. ConfigMaps are shared folders named after the
-    volume; an emptyDir belongs to its pod.
+    A claim (of checkpoints or of data) is the folder of that name in
+    `claims`. The checkpoint volume without a claim is the work directory's
+    `checkpoints/`, shared by every local pod all the same, so a failed group
+    and a rerun in the same work directory resume from it. ConfigMaps are
+    shared folders named after the volume, as is a pod overlay volume the data
+    lives on (`volumes/<name>/`); an emptyDir belongs to its pod.
     """
     shared, scratch = {}, {}
     for volume in worker.container.volumes:
@@ -142,6 +144,8 @@ def _folders(worker: Worker, workdir: Path, claims: Path) -> tuple[dict[str, Pat
             shared[volume.name] = workdir / "checkpoints"
         elif volume.kind == CONFIG_MAP:
             shared[volume.name] = workdir / volume.name
+        elif volume.kind == OVERLAY:
+            shared[volume.name] = workdir / "volumes" / volume.name
         else:
             scratch[volume.name] = workdir / "tmp" / worker.name / volume.name
     return shared, scratch
@@ -185,10 +189,13 @@ def plan_local(
     progress_file = workdir / "progress.json"
     checkpoint_dir = shared[CHECKPOINT_VOLUME]
     config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port)
+    # Volumes are read and written at their local folders: data on a mounted volume, TensorBoard on one (rank 0,
+    # worker 0, writes it; a relative folder is below the work directory).
+    shared_mounts = {v.mount_path: shared[v.name] for v in workers[0].container.volumes if v.name in shared}
+    if config.data.path:
+        config = replace(config, data=replace(config.data, path=rewrite_path(config.data.path, shared_mounts)))
     if config.metrics.tensorboard_dir:
-        # Rank 0 (worker 0) writes it: on a volume, the volume's local folder; else relative to the work directory.
-        mounts = {v.mount_path: shared[v.name] for v in workers[0].container.volumes if v.name in shared}
-        metrics = replace(config.metrics, tensorboard_dir=rewrite_path(config.metrics.tensorboard_dir, mounts))
+        metrics = replace(config.metrics, tensorboard_dir=rewrite_path(config.metrics.tensorboard_dir, shared_mounts))
         config = replace(config, metrics=metrics)
 
     local_workers = []

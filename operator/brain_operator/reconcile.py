@@ -4,7 +4,9 @@
 exist, the previous status and `now`, it returns the writes to make and the
 new status. `apply` makes them through a ClusterClient. `reconcile` strings
 the two together and is what every kopf handler calls, so creation, resume,
-spec changes, pod events and the timer all follow one code path.
+spec changes, pod events and the timer all follow one code path. The
+children come from the operator's watches when it has them (children.py),
+else, and after a Conflict, from listing them.
 
 Idempotent by construction: a second pass over the same cluster plans no
 writes, and the status is patched only when it changed.
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence
 
 from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
-from .cluster import ClusterClient, ObjectRef
+from .accounting import still_handled, unhandled
+from .cluster import ClusterClient, Conflict, ObjectRef
 from .events import NORMAL, Event, compute_events
 from .job_status import FAILED, SUCCEEDED, JobStatus
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
@@ -44,6 +47,11 @@ from .status import (
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")
 PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+# Plans made again after a Conflict on create, each from children listed afresh.
+CONFLICT_REPLANS = 3
+
+# The children of one kind of one job as the watches last saw them, or None when that kind is not watched.
+Observed = Callable[[str, str, tuple[str, str]], Optional[list[dict]]]
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,39 @@ class Plan:
 
 
 def reconcile(
-    manifest: Mapping[str, Any], client: ClusterClient, now: datetime, defaults: Optional[OperatorDefaults] = None
+    manifest: Mapping[str, Any],
+    client: ClusterClient,
+    now: datetime,
+    defaults: Optional[OperatorDefaults] = None,
+    observed: Optional[Observed] = None,
+) -> Optional[dict[str, Any]]:
+    """Bring one job's children and status in line with its spec; returns the new status.
+
+    On a Conflict the job is read again (its status may be written already)
+    and planned again from children listed afresh; None when it is gone.
+    """
+    replans = 0
+    while True:
+        try:
+            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None)
+        except Conflict:
+            replans += 1
+            if replans > CONFLICT_REPLANS:
+                raise
+            meta = manifest.get("metadata") or {}
+            fresh = client.get_job(meta.get("namespace", ""), meta.get("name", ""))
+            if fresh is None:
+                return None
+            manifest = fresh
+
+
+def _reconcile_once(
+    manifest: Mapping[str, Any],
+    client: ClusterClient,
+    now: datetime,
+    defaults: Optional[OperatorDefaults],
+    observed: Optional[Observed],
 ) -> dict[str, Any]:
-    """Bring one job's children and status in line with its spec; returns the new status."""
     previous = manifest.get("status") or {}
     try:
         job = parse_job(manifest, defaults=defaults)
@@ -69,11 +107,10 @@ def reconcile(
         the_plan = plan_invalid(manifest, err, now)
     else:
         desired = render(job)
-        children = [
-            child
-            for api_version, kind in watched_kinds(job, desired)
-            for child in client.list_children(api_version, kind, job.namespace, job.name)
-        ]
+        children = []
+        for kind in watched_kinds(job, desired):
+            seen = observed(job.namespace, job.name, kind) if observed is not None else None
+            children += seen if seen is not None else client.list_children(*kind, job.namespace, job.name)
         children += kueue_workloads(job, children, client)
         the_plan = plan(job, desired, children, previous, now)
     apply(the_plan, client, manifest)
@@ -81,18 +118,22 @@ def reconcile(
 
 
 def apply(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any]) -> None:
-    """Make the planned writes: deletions first, so a replaced pod's name is free again; events last."""
+    """Make the planned writes, the status first (accounting.py says why), then its events, then the children.
+
+    A status write that fails stops the pass before any pod is deleted;
+    deletions come before creations, so a replaced pod's name is free again.
+    """
+    if the_plan.status_patch:
+        meta = manifest.get("metadata") or {}
+        client.patch_status(meta.get("namespace", ""), meta.get("name", ""), the_plan.status_patch)
+    for event in the_plan.events:
+        client.post_event(manifest, event)
     for ref in the_plan.deletes:
         client.delete(ref)
     for obj in the_plan.creates:
         client.create(obj)
     for ref, body in the_plan.patches:
         client.patch(ref, body)
-    if the_plan.status_patch:
-        meta = manifest.get("metadata") or {}
-        client.patch_status(meta.get("namespace", ""), meta.get("name", ""), the_plan.status_patch)
-    for event in the_plan.events:
-        client.post_event(manifest, event)
 
 
 def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -197,6 +238,8 @@ def _plan_elastic(
     before = JobStatus.read(previous)
     restarts = before.restarts
     terminal = is_terminal(before)
+    failed_now = [existing[ref] for ref, p in live.items() if p.phase == FAILED]
+    new = {ObjectRef.of(pod) for pod in unhandled(failed_now, before.handled_failures or ())}
     if terminal:
         # Stop what still runs (a failed job's siblings); after the TTL, remove every pod.
         expired = _ttl_expired(before, policy.ttl_seconds_after_finished, now)
@@ -207,15 +250,12 @@ def _plan_elastic(
         # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
         regroup = [ref for ref in live if ref in wanted and _group_size(existing[ref]) != _group_size(wanted[ref])]
         failure = _deadline_failure(before, policy.active_deadline_seconds, now)
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, regroup)
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, new, regroup)
     creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
 
     gone = set(pod_plan.deletes)
     # A failed pod is reported once: when it is replaced, or when it ends the job.
-    reported = [
-        existing[ref] for ref, p in live.items()
-        if not terminal and p.phase == FAILED and (ref in gone or pod_plan.failure)
-    ]
+    reported = [existing[ref] for ref in live if not terminal and ref in new and (ref in gone or pod_plan.failure)]
     seen = Observation(
         generation=job.generation,
         desired=spec.nodes,
@@ -229,6 +269,7 @@ def _plan_elastic(
         effective_batch_size=effective_batch_size(job),
         selector=selector(job),
         queued=_kueue_reason(job, existing) if _all_gated(p for ref, p in live.items() if ref not in gone) else None,
+        handled_failures=still_handled(before.handled_failures or (), [existing[ref] for ref in pods], reported),
     )
     status = elastic_status(before, seen, now)
     return Plan(
@@ -248,16 +289,19 @@ def _plan_pods(
     live: Mapping[ObjectRef, PodView],
     restarts: int,
     failure: Optional[Failure],
+    new: Collection[ObjectRef],
     regroup: Sequence[ObjectRef] = (),
 ) -> _PodPlan:
     """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes.
 
-    `regroup` pods are replaced too (deleted now, created once gone), without counting as failures.
+    Only `new` failures (accounting.py) count: an earlier pass counted the
+    others before it failed to delete them. `regroup` pods are replaced too
+    (deleted now, created once gone), without counting as failures.
     """
     limit = job.spec.run_policy.backoff_limit
     surplus = [ref for ref in live if ref not in wanted or ref in regroup]
     failed = [ref for ref, p in live.items() if ref in wanted and p.phase == FAILED]
-    counted = [ref for ref in failed if not live[ref].disrupted]
+    counted = [ref for ref in failed if ref in new and not live[ref].disrupted]
     if failure is None and restarts + len(counted) > limit:
         failure = Failure(
             BACKOFF_LIMIT_EXCEEDED,

@@ -90,6 +90,8 @@ class Observation:
     selector: str
     # (reason, message) while Kueue holds the workers back, as Kueue gives them.
     queued: Optional[tuple[str, str]] = None
+    # uids of the failed pods handled so far (accounting.py); None keeps the previous list.
+    handled_failures: Optional[Sequence[str]] = None
 
 
 def is_terminal(previous: JobStatus) -> bool:
@@ -144,6 +146,8 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
         phase, reason, message = PENDING, "WaitingForWorkers", f"{workers.running}/{seen.min_running} workers running"
     out = _counted(before, seen.generation, workers, seen.selector, max(seen.restarts, before.restarts),
                    seen.strategy, seen.effective_batch_size)
+    if seen.handled_failures is not None:
+        out = replace(out, handled_failures=list(seen.handled_failures) or None)
     if not is_terminal(before):
         out = _moved(out, before, phase, _conditions(before, phase, reason, message, now, valid=_VALID), now)
     return out.to_dict()

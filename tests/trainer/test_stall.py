@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from brain_trainer.config import WatchdogConfig
-from brain_trainer.stall import CHECKPOINT, STEP, Limit, StepTimes, limit, stall_message
+from brain_trainer.stall import CHECKPOINT, EVALUATION, STEP, Limit, StepTimes, limit, stall_message
 
 CFG = WatchdogConfig(step_time_factor=10, floor_seconds=30, warmup_steps=3, startup_seconds=600, checkpoint_seconds=900)
 
@@ -25,9 +25,10 @@ def test_a_step_may_take_k_times_the_median_but_never_less_than_the_floor():
     assert limit(CFG, STEP, 12.0) == Limit(120, "10 x median step time 12 s")
 
 
-def test_a_checkpoint_save_has_its_own_limit_whatever_the_step_time():
+def test_a_checkpoint_save_and_an_evaluation_pass_have_their_own_limits_whatever_the_step_time():
     assert limit(CFG, CHECKPOINT, 0.2).seconds == 900
     assert limit(CFG, CHECKPOINT, None).seconds == 900
+    assert limit(CFG, EVALUATION, 0.2) == Limit(600, "startupSeconds, during an evaluation pass")
 
 
 def test_the_median_ignores_a_few_slow_steps_and_follows_the_recent_window():
@@ -41,7 +42,8 @@ def test_the_median_ignores_a_few_slow_steps_and_follows_the_recent_window():
     assert times.steps == 8
 
 
-@pytest.mark.parametrize("phase, start", [(STEP, "no optimizer step for 31 s"), (CHECKPOINT, "a checkpoint save did not finish for 31 s")])
+@pytest.mark.parametrize("phase, start", [(STEP, "no optimizer step for 31 s"), (CHECKPOINT, "a checkpoint save did not finish for 31 s"),
+                                          (EVALUATION, "an evaluation pass did not finish for 31 s")])
 def test_the_message_says_what_stalled_where_and_the_limit(phase, start):
     message = stall_message(phase, 31.2, 17, Limit(30, "floorSeconds"))
     assert message == f"{start} after step 17 (limit 30 s: floorSeconds)"

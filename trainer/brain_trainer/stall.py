@@ -2,8 +2,8 @@
 
 A step may take `max(step_time_factor x median step time, floor_seconds)`;
 the warm-up steps of every (re)start (build, restore, compile, first
-collectives) get `startup_seconds` each, and a checkpoint save the loop waits
-for gets `checkpoint_seconds`. The median is over the recent steps after the
+collectives) get `startup_seconds` each, as does an evaluation pass, and a
+checkpoint save the loop waits for gets `checkpoint_seconds`. The median is over the recent steps after the
 warm-up, so one slow step does not move it much.
 """
 
@@ -16,7 +16,7 @@ from typing import Optional
 
 from .config import WatchdogConfig
 
-STEP, CHECKPOINT = "step", "checkpoint"
+STEP, CHECKPOINT, EVALUATION = "step", "checkpoint", "evaluation"
 # Step times the median is taken over: enough to ignore a few slow steps, few enough to follow a change.
 WINDOW = 100
 
@@ -31,6 +31,8 @@ def limit(cfg: WatchdogConfig, phase: str, median_step_s: Optional[float]) -> Li
     """The limit of the current phase; `median_step_s` is None during the warm-up steps."""
     if phase == CHECKPOINT:
         return Limit(cfg.checkpoint_seconds, "checkpointSeconds, during a checkpoint save")
+    if phase == EVALUATION:
+        return Limit(cfg.startup_seconds, "startupSeconds, during an evaluation pass")
     if median_step_s is None:
         return Limit(cfg.startup_seconds, "startupSeconds, during the warm-up steps")
     scaled = cfg.step_time_factor * median_step_s
@@ -59,5 +61,6 @@ class StepTimes:
 
 def stall_message(phase: str, waited_s: float, step: int, chosen: Limit) -> str:
     """One line: what the watchdog saw, the step, and the limit with how it was chosen."""
-    doing = "a checkpoint save did not finish" if phase == CHECKPOINT else "no optimizer step"
+    doing = {CHECKPOINT: "a checkpoint save did not finish", EVALUATION: "an evaluation pass did not finish"}.get(
+        phase, "no optimizer step")
     return f"{doing} for {waited_s:.0f} s after step {step} (limit {chosen.seconds:.0f} s: {chosen.why})"

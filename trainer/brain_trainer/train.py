@@ -17,8 +17,8 @@ import logging
 import os
 import time
 from argparse import Namespace
-from pathlib import Path
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.amp import GradScaler
 from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import Dataset
 
 from .accumulation import GradientAccumulator
 from .checkpoint import CheckpointManager, SampleLog, TrainState
@@ -34,9 +35,10 @@ from .config import DistributedConfig, TrainerConfig
 from .contract import PROGRESS_FILE_ENV, RUN_ID_ENV, Goodput, Progress, eta_seconds, format_time
 from .data import RankAwareDataLoader, build_dataset
 from .ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
+from .evaluation import EvalResult, Evaluator, due
 from .flops import mfu, peak_flops, training_flops_per_token
 from .fsdp import FSDPWrapper
-from .goodput import CHECKPOINT, INITIALIZATION
+from .goodput import CHECKPOINT, EVALUATION, INITIALIZATION
 from .goodput_log import GoodputLog
 from .launcher import DistributedLauncher
 from .memory import resolve_distributed
@@ -47,6 +49,7 @@ from .memory_report import InitMemory, gather_init_memory, peak_host_bytes
 from .progress import write_progress
 from .schedule import WarmupCosine, follow_config, peak_learning_rate
 from .schema import ConfigError, FieldError
+from .tokens.source import token_source
 from .version import __version__
 from .watchdog import Watchdog
 from .young_daly import choose_mtbf
@@ -67,6 +70,7 @@ class TrainResult:
     tokens_per_second: float  # over all ranks, for the steps this process ran
     wall_seconds: float  # the loop's wall time in this process
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) at each logging step
+    eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out loss) at each evaluation
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -156,6 +160,7 @@ class Reporter:
         self.tensorboard_dir = cfg.metrics.tensorboard_dir if self.active else None
         self.scalars: Optional[Scalars] = None
         self.last: Optional[Progress] = None
+        self.eval_loss: Optional[float] = None
 
     def started(self, step: int, **info: str) -> None:
         """Once the run is set up at `step`: brain_trainer_info, and TensorBoard from the next step on."""
@@ -185,6 +190,7 @@ class Reporter:
                 tokens_per_second=tokens_per_second,
                 eta_seconds=eta_seconds(step, self.total_steps, step_time),
                 last_checkpoint_step=last_checkpoint_step,
+                eval_loss=self.eval_loss,
                 **_answered(answered),
                 goodput=goodput,
                 restarts=restarts,
@@ -201,6 +207,18 @@ class Reporter:
         if self.scalars is not None:
             self.scalars.write(step, loss=loss, learning_rate=lr, tokens_per_second=tokens_per_second,
                                grad_norm=grad_norm, mfu=mfu, goodput=goodput.ratio)
+
+    def evaluated(self, step: int, result: EvalResult) -> None:
+        """An evaluation's result: logged, and in the progress document from now on."""
+        if not self.active:
+            return
+        log.info("eval step %d/%d loss %.4f perplexity %.2f (%d tokens)", step, self.total_steps, result.loss,
+                 result.perplexity, result.tokens)
+        self.eval_loss = result.loss
+        if self.last is not None:
+            self._publish(replace(self.last, eval_loss=result.loss, updated_at=format_time()))
+        if self.scalars is not None:
+            self.scalars.write(step, eval_loss=result.loss)
 
     def init_memory(self, ranks: list[InitMemory]) -> None:
         """Every rank's memory after initialisation, on the metrics endpoint."""
@@ -245,9 +263,13 @@ def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None) -> T
     """
     started = time.time()  # this trainer's start, in the goodput ledger
     cfg = cfg.resolved()
-    # Build the dataset first: a bad data.path fails before any rendezvous.
+    # Build the datasets first: a bad data.path (or a vocabulary that does not match it) fails before any rendezvous.
     dataset = build_dataset(cfg.data, cfg.training.seq_len, cfg.training.seed)
-    args = Namespace(config=cfg, dataset=dataset, checkpoint_request=checkpoint_request, started=started)
+    held_out = None
+    if cfg.data.source == "tokens":
+        cfg, held_out = token_source(cfg, dataset)
+    args = Namespace(config=cfg, dataset=dataset, held_out=held_out, checkpoint_request=checkpoint_request,
+                     started=started)
     return DistributedLauncher(cfg.distributed).launch(_launched, args)
 
 
@@ -269,6 +291,7 @@ def _launched(args: Namespace) -> TrainResult:
 def _run(args: Namespace, rank: int, world_size: int, device: torch.device, reporter: Reporter, watchdog: Watchdog,
          cleanup: contextlib.ExitStack) -> TrainResult:
     cfg: TrainerConfig = args.config
+    held_out: Optional[Dataset] = args.held_out
     training = cfg.training
     dist_cfg = resolve_strategy(cfg, world_size, device)
     accumulation = cfg.accumulation_steps(world_size)
@@ -326,6 +349,10 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
         num_workers=cfg.data.num_workers,
     )
     batches = iter(loader)
+    evaluator = None if held_out is None else Evaluator(
+        held_out, training.micro_batch_size, training.eval_steps, rank, world_size, device,
+        lambda: autocast_context(dist_cfg.mixed_precision_policy, device),
+    )
     if rank == 0:
         log.info(
             "training %s with %s on %d rank(s), %s: micro-batch %d x %d accumulation x %d ranks = %d sequences/step, from step %d",
@@ -340,6 +367,8 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
     running_loss = torch.zeros((), device=device)  # summed on device: no host sync between logging steps
     micro_losses = 0
     history: list[tuple[int, float]] = []
+    eval_history: list[tuple[int, float]] = []
+    eval_seconds = 0.0
     first_step = last_log_step = state.step
     start = last_log_time = last_step_time = time.perf_counter()
     step_times: list[float] = []  # of the steps since the last logging step
@@ -368,6 +397,17 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
         step_times.append(now - last_step_time)
         goodput.step(state.step, step_times[-1] - (ckpt.stall_total_s - stalled))
         goodput.record(CHECKPOINT, ckpt.stall_total_s - stalled)
+        if evaluator is not None and due(state.step, training):
+            began = time.perf_counter()
+            with watchdog.evaluating():
+                result = evaluator(model)
+            reporter.evaluated(state.step, result)
+            eval_history.append((state.step, result.loss))
+            spent = time.perf_counter() - began
+            eval_seconds += spent
+            last_log_time += spent  # throughput counts training only
+            goodput.record(EVALUATION, spent)
+            now = time.perf_counter()  # the next step's time starts after the evaluation
         goodput.save()
         last_step_time, stalled = now, ckpt.stall_total_s
         if state.step % training.log_interval and state.step != training.steps:
@@ -397,7 +437,8 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
     return TrainResult(
         step=state.step,
         loss=history[-1][1] if history else float("nan"),
-        tokens_per_second=steps_run * tokens_per_step / loop_seconds if steps_run else 0.0,
+        tokens_per_second=steps_run * tokens_per_step / (loop_seconds - eval_seconds) if steps_run else 0.0,
         wall_seconds=loop_seconds,
         history=history,
+        eval_history=eval_history,
     )

@@ -17,11 +17,11 @@ import os
 import sys
 import threading
 import time
-from typing import Iterator
+from typing import ContextManager, Iterator
 
 from .config import WatchdogConfig
 from .contract import STALLED, STALLED_MESSAGE
-from .stall import CHECKPOINT, STEP, StepTimes, limit, stall_message
+from .stall import CHECKPOINT, EVALUATION, STEP, StepTimes, limit, stall_message
 from .termination import write_termination_message
 
 log = logging.getLogger(__name__)
@@ -56,11 +56,18 @@ class Watchdog:
             if warming and self._times.median() is not None:
                 self._wake.set()
 
-    @contextlib.contextmanager
-    def checkpointing(self) -> Iterator[None]:
+    def checkpointing(self) -> ContextManager[None]:
         """A save the loop waits for gets its own limit; the next step's clock starts when it ends."""
+        return self._phase_of(CHECKPOINT)
+
+    def evaluating(self) -> ContextManager[None]:
+        """So does an evaluation pass."""
+        return self._phase_of(EVALUATION)
+
+    @contextlib.contextmanager
+    def _phase_of(self, phase: str) -> Iterator[None]:
         with self._lock:
-            self._phase, self._since = CHECKPOINT, time.monotonic()
+            self._phase, self._since = phase, time.monotonic()
             self._wake.set()
         try:
             yield
