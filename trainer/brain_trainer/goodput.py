@@ -10,7 +10,7 @@ cluster) in the checkpoint folder, which outlives pods and worker groups:
 - checkpoint: the loop waiting for saves (staging, blocking saves, the final commit);
 - initialization: a trainer's start up to its first step (process group,
   build, restore);
-- evaluation: evaluation passes (none yet);
+- evaluation: evaluation passes on the held-out split;
 - waiting: between one trainer's last ledger entry and the next trainer's
   start: restarts, rendezvous, rescheduling; where the previous trainer died,
   also the moments it ran after its last entry.
