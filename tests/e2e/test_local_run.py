@@ -32,9 +32,9 @@ WATCHDOG_FLOOR = 30
 pytestmark = pytest.mark.timeout(300)
 
 
-def write_job(path: Path, steps: int = STEPS, **checkpoint) -> Path:
+def write_job(path: Path, steps: int = STEPS, log_interval: int = 5, **checkpoint) -> Path:
     job = yaml.safe_load(EXAMPLE.read_text())
-    job["spec"]["training"].update(steps=steps, logInterval=5)
+    job["spec"]["training"].update(steps=steps, logInterval=log_interval)
     job["spec"]["checkpoint"].update({"intervalSteps": 5, **checkpoint})
     # A frozen peer is noticed after WATCHDOG_FLOOR s (the steps take far less), once each (re)start warmed up.
     job["spec"]["watchdog"] = {"floorSeconds": WATCHDOG_FLOOR, "warmupSteps": 2, "checkpointSeconds": 2 * WATCHDOG_FLOOR}
@@ -63,6 +63,15 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
         stop(proc)
         raise
     return proc.returncode, out
+
+
+def ended(proc: subprocess.Popen) -> int:
+    """The exit code of a run whose output was read to its end (it is ending); stopped if it overstays."""
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        raise
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -102,10 +111,9 @@ def model_weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
     return torch.load(out, weights_only=False)["model"]
 
 
-def agent_of(pod_index: int, workdir: Path) -> int:
-    """The pid of the torchrun agent playing worker pod `pod_index` of the run in `workdir`."""
+def process_of(workdir: Path, program: bytes, marker: bytes, what: str) -> int:
+    """The pid of the process of the run in `workdir` running `program` with `marker` in its environment."""
     progress = f"BRAIN_PROGRESS_FILE={workdir / 'progress.json'}".encode()
-    host = f"PET_RDZV_CONF=is_host={1 if pod_index == 0 else 0}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -114,25 +122,20 @@ def agent_of(pod_index: int, workdir: Path) -> int:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"torch.distributed.run" in cmdline and progress in environ and host in environ:
+        if program in cmdline and progress in environ and marker in environ:
             return int(entry.name)
-    raise AssertionError(f"no torchrun agent for pod {pod_index} of {workdir}")
+    raise AssertionError(f"no {what} of {workdir}")
+
+
+def agent_of(pod_index: int, workdir: Path) -> int:
+    """The pid of the torchrun agent playing worker pod `pod_index` of the run in `workdir`."""
+    host = f"PET_RDZV_CONF=is_host={1 if pod_index == 0 else 0}".encode()
+    return process_of(workdir, b"torch.distributed.run", host, f"torchrun agent for pod {pod_index}")
 
 
 def trainer_of(rank: int, workdir: Path) -> int:
     """The pid of the trainer process of `rank` in the run in `workdir`."""
-    progress = f"BRAIN_PROGRESS_FILE={workdir / 'progress.json'}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"brain_trainer" in cmdline and progress in environ and f"RANK={rank}".encode() in environ:
-            return int(entry.name)
-    raise AssertionError(f"no trainer of rank {rank} in {workdir}")
+    return process_of(workdir, b"brain_trainer", f"RANK={rank}".encode(), f"trainer of rank {rank}")
 
 
 def alive(pid: int) -> bool:
@@ -195,11 +198,7 @@ def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(r
                 killed = agent_of(1, workdir)
                 os.kill(killed, signal.SIGKILL)
     out = "".join(lines)
-    try:
-        code = proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        raise
+    code = ended(proc)
     assert code == 0, out
     assert killed is not None, "the run ended before a worker could be killed"
     fields = summary(out)
@@ -230,10 +229,7 @@ def test_a_frozen_trainer_is_noticed_by_its_peer_and_the_group_resumes_with_the_
             resumed.append((line, alive(frozen)))
     out = "".join(lines)
     try:
-        code = proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        raise
+        code = ended(proc)
     finally:
         if frozen is not None and alive(frozen):
             os.kill(frozen, signal.SIGKILL)
@@ -284,10 +280,7 @@ def test_a_finished_job_is_complete_and_a_new_run_on_the_same_claim_continues(re
 def test_a_checkpoint_on_demand_is_committed_within_two_steps(tmp_path):
     # No interval saves, a progress document after every step and a vote after every step: any
     # checkpoint before the last step is the one asked for, and the test sees the step it asked at.
-    job = write_job(tmp_path / "job.yaml", intervalSteps=0, preemptionVoteSeconds=0)
-    manifest = yaml.safe_load(job.read_text())
-    manifest["spec"]["training"]["logInterval"] = 1
-    job.write_text(yaml.safe_dump(manifest))
+    job = write_job(tmp_path / "job.yaml", log_interval=1, intervalSteps=0, preemptionVoteSeconds=0)
     workdir = tmp_path / "run"
     proc = start(job, workdir)
     asked_at = request = None
@@ -298,11 +291,7 @@ def test_a_checkpoint_on_demand_is_committed_within_two_steps(tmp_path):
             # What `braintrain checkpoint WORKDIR` does, without a second Python's start-up between the look and the ask.
             asked_at, request = progress_step(workdir), request_checkpoint(workdir)
     out = "".join(lines)
-    try:
-        code = proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        raise
+    code = ended(proc)
     assert code == 0, out
     assert request is not None, "the run ended before a checkpoint could be asked for"
     *on_demand, last = committed_steps(workdir)
@@ -315,10 +304,7 @@ def test_a_checkpoint_on_demand_is_committed_within_two_steps(tmp_path):
 
 def test_a_killed_trainer_on_worker_1_is_one_restart_and_goodput_shows_the_recomputed_steps(tmp_path):
     # A progress document after every step: the test kills between two checkpoints, so steps since the last commit are lost.
-    job = write_job(tmp_path / "job.yaml")
-    manifest = yaml.safe_load(job.read_text())
-    manifest["spec"]["training"]["logInterval"] = 1
-    job.write_text(yaml.safe_dump(manifest))
+    job = write_job(tmp_path / "job.yaml", log_interval=1)
     workdir = tmp_path / "run"
     proc = start(job, workdir)
     killed, lines = None, []
@@ -329,11 +315,7 @@ def test_a_killed_trainer_on_worker_1_is_one_restart_and_goodput_shows_the_recom
             killed = trainer_of(1, workdir)  # rank 1: worker pod 1's trainer; its torchrun agent restarts the group
             os.kill(killed, signal.SIGKILL)
     out = "".join(lines)
-    try:
-        code = proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        raise
+    code = ended(proc)
     assert code == 0, out
     assert killed is not None, "the run ended before a trainer could be killed"
     goodput = json.loads((workdir / "progress.json").read_text())["goodput"]
