@@ -286,8 +286,11 @@ class CheckpointManager:
         """Final save; returns once it is committed on disk (after a SIGTERM since the last vote: Preempted)."""
         if not self.cfg.enabled:
             return
-        if self._vote(state.step)[0]:
+        stop, request = self._vote(state.step)
+        if stop:
             self._preempt(state)
+        if request is not None:  # the final save answers it
+            self._requested = (request, state.step)
         with self.save_guard():
             self.wait()
             if state.step != self._saved_step:
