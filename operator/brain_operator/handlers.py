@@ -47,8 +47,8 @@ from .job_status import RUNNING
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
-from .on_demand import answered_events
 from .names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
+from .on_demand import answered_events
 from .pods import RUNNING as POD_RUNNING
 from .progress import POLL_SECONDS, changed, progress_status
 from .reconcile import POD, Observed, deletion_events, reconcile

@@ -95,7 +95,8 @@ def stalled_status(watchdog: WatchdogConfig, log_interval: int, status: Mapping[
         step = f" at step {current.progress.step}" if current.progress else ""
         events.append(Event(NORMAL, "Progressing", f"progress again{step}" if new.reason == PROGRESSING
                             else f"no longer stalled: {new.reason}"))
-    return replace(current, conditions=conditions).to_dict(), events
+    # Only the conditions change: every other field stays as the pass wrote it.
+    return {**status, "conditions": replace(current, conditions=conditions).to_dict()["conditions"]}, events
 
 
 def _step_time(progress: Optional[Progress]) -> Optional[float]:
