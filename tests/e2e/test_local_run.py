@@ -28,6 +28,8 @@ STEPS = 20
 # The example's volumeClaimTemplate makes the claim <job>-checkpoints: locally, a folder of the claims folder.
 CLAIM = "local-minimal-checkpoints"
 WATCHDOG_FLOOR = 30
+# Rank 0's log line of a step, as the runner prints it.
+LOGGED_STEP = re.compile(r"\[local-minimal-worker-0\] .* step (\d+)/\d+ loss ")
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -303,15 +305,18 @@ def test_a_checkpoint_on_demand_is_committed_within_two_steps(tmp_path):
 
 
 def test_a_killed_trainer_on_worker_1_is_one_restart_and_goodput_shows_the_recomputed_steps(tmp_path):
-    # A progress document after every step: the test kills between two checkpoints, so steps since the last commit are lost.
+    # A log line after every step: the test kills between two checkpoints (every 5 steps), once rank 0 has
+    # logged a step past the newest committed one, so the steps since that commit are lost.
     job = write_job(tmp_path / "job.yaml", log_interval=1)
     workdir = tmp_path / "run"
     proc = start(job, workdir)
     killed, lines = None, []
     for line in proc.stdout:
         lines.append(line)
-        step = progress_step(workdir)
-        if killed is None and committed_steps(workdir) and step % 5 in (2, 3) and step < STEPS - 3:
+        logged = LOGGED_STEP.search(line)
+        step = int(logged[1]) if logged else 0
+        committed = committed_steps(workdir)
+        if killed is None and committed and committed[-1] < step < STEPS - 2 and step % 5 in (1, 2, 3):
             killed = trainer_of(1, workdir)  # rank 1: worker pod 1's trainer; its torchrun agent restarts the group
             os.kill(killed, signal.SIGKILL)
     out = "".join(lines)
