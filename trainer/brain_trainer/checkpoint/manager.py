@@ -1,7 +1,8 @@
-"""CheckpointManager: when to save, asynchronous saves, commit, resume, preemption."""
+"""CheckpointManager: when to save, asynchronous saves, commit, resume, preemption, a full volume."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -11,7 +12,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import CheckpointConfig
-from ..contract import PREEMPTED, PREEMPTED_MESSAGE, TERMINATION_LOG, TERMINATION_LOG_ENV
+from ..contract import PREEMPTED, PREEMPTED_REASON, STORAGE_FULL
+from ..failures import Fatal, classify, write_termination
 from ..launcher import restart_count
 from . import shards, store
 from .state import TrainState, rng_key
@@ -92,13 +94,8 @@ def steps_between_votes(period_s: float, step_s: float) -> int:
     return max(1, int(period_s / step_s)) if step_s > 0 else 1
 
 
-def _write_termination_message() -> None:
-    path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
-    try:
-        with open(path, "w") as f:
-            f.write(PREEMPTED_MESSAGE)
-    except OSError:
-        pass  # not in a container, or not writable: the exit code still says it
+def _megabytes(size: int) -> str:
+    return f"{size:,} bytes ({size / 1e6:.1f} MB)"
 
 
 class CheckpointManager:
@@ -110,8 +107,10 @@ class CheckpointManager:
     """
 
     def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_hash: str,
-                 manifest_fields: dict[str, Any] | None = None):
+                 manifest_fields: dict[str, Any] | None = None, checkpoint_bytes: int = 0):
         self.cfg = cfg
+        # A checkpoint's size until one is committed (then that one's): what each save must find free.
+        self.checkpoint_bytes = checkpoint_bytes
         self.manifest_fields = manifest_fields or {}  # more facts for every manifest (the model, where it started from)
         self.rank = rank
         self.world_size = world_size
@@ -121,6 +120,7 @@ class CheckpointManager:
         self.last_stall_s = 0.0  # how long the latest save blocked the training loop
         self._saved_step: int | None = None
         self._pending: Future | None = None  # the save in flight: written, then committed
+        self._pending_step = 0  # its step
         self._staged: Future | None = None  # its copy to CPU memory
         self._stager: Any = None
         self._hook: Any = None
@@ -243,7 +243,8 @@ class CheckpointManager:
         """Block until the save in flight (if any) is written and committed; re-raise its error."""
         pending, self._pending, self._staged = self._pending, None, None
         if pending is not None:
-            pending.result()
+            with self._explained(self._pending_step):
+                pending.result()
 
     def close(self, *, wait: bool = True) -> None:
         """Release the commit thread, the staging hook and the SIGTERM handler (idempotent).
@@ -271,12 +272,49 @@ class CheckpointManager:
         if state.step != self._saved_step:
             self._save(state, blocking=True)
         _barrier(self._group)  # rank 0 has committed before any rank exits
-        _write_termination_message()
+        write_termination(PREEMPTED_REASON, f"SIGTERM: step {state.step} committed, exiting to be restarted")
         self.close()
         raise Preempted()
 
+    def _needed_bytes(self) -> int:
+        if self.last_committed is not None:
+            manifest = store.read_manifest(self.last_committed[1])
+            return sum(f["size"] for f in manifest["files"].values())
+        return self.checkpoint_bytes
+
+    def _storage_line(self, step: int, needed: int) -> str:
+        free = shutil.disk_usage(self.root).free
+        return (f"the checkpoint of step {step} needs {_megabytes(needed)}, {_megabytes(free)} free in {self.root} "
+                f"(checkpoint.keep_last={self.cfg.keep_last}: that many committed checkpoints and the one being "
+                "written must fit; committed checkpoints were kept)")
+
+    def _check_space(self, step: int) -> None:
+        """Fail with storage-full before writing a checkpoint that cannot fit. Collective: rank 0 decides."""
+        verdict = None
+        if self.rank == 0:
+            needed = self._needed_bytes()
+            if needed > shutil.disk_usage(self.root).free:
+                verdict = self._storage_line(step, needed)
+        verdict = _broadcast(verdict, self._group)
+        if verdict is not None:
+            raise Fatal(STORAGE_FULL, verdict)
+
+    @contextlib.contextmanager
+    def _explained(self, step: int) -> Iterator[None]:
+        """A save that ran out of space: its uncommitted folder removed, storage-full with the figures."""
+        try:
+            yield
+        except BaseException as exc:
+            reason, line = classify(exc)
+            if reason != STORAGE_FULL or isinstance(exc, Fatal):
+                raise
+            if self.rank == 0:
+                shutil.rmtree(store.tmp_dir(self.root, step), ignore_errors=True)
+            raise Fatal(STORAGE_FULL, f"{line}: {self._storage_line(step, self._needed_bytes())}") from exc
+
     def _save(self, state: TrainState, blocking: bool) -> None:
         self.wait()  # at most one save in flight
+        self._check_space(state.step)
         started = time.perf_counter()
         folder = store.tmp_dir(self.root, state.step)
         fields = {
@@ -289,14 +327,16 @@ class CheckpointManager:
         }
         state_dict = state.state_dict()
         if blocking:
-            shards.save(state_dict, folder, self._group)
-            self._commit(folder, fields, started)
+            with self._explained(state.step):
+                shards.save(state_dict, folder, self._group)
+                self._commit(folder, fields, started)
         else:
             if self._stager is None:
                 self._stager = shards.background_stager()
                 self._hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
             self._staged, written = shards.async_save(state_dict, folder, self._save_group, self._stager)
             self._pending = self._executor.submit(self._commit_when_written, written, folder, fields, started)
+            self._pending_step = state.step
         self.last_stall_s = time.perf_counter() - started
         self._saved_step = state.step
 
