@@ -80,6 +80,8 @@ def build_crd() -> dict[str, Any]:
         {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
         {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
         {"name": "Restarts", "type": "integer", "priority": 1, "jsonPath": ".status.restarts"},
+        {"name": "Reason", "type": "string", "priority": 1, "description": "why the latest worker failed",
+         "jsonPath": ".status.reason"},
         {"name": "Backend", "type": "string", "priority": 1, "jsonPath": ".spec.backend"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

@@ -65,6 +65,9 @@ class JobStatus:
     nodes: Optional[str] = setting(None, help="ready/desired workers, for the Nodes column")
     selector: Optional[str] = setting(None, help="label selector of the worker pods (scale subresource)")
     restarts: int = setting(0, minimum=0, help="worker pods replaced after failures; never decreases")
+    reason: Optional[str] = setting(
+        None, help="why the latest worker failure happened, as the trainer named it (storage-full, out-of-memory, ...)"
+    )
     strategy: Optional[str] = setting(None, help="the parallelism strategy as resolved")
     effective_batch_size: Optional[int] = setting(None, minimum=1, help="sequences per optimizer step")
     progress: Optional[Progress] = setting(None, help="rank 0's latest progress document, as the operator last saw it change")

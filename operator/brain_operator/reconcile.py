@@ -21,13 +21,14 @@ from brain_trainer.schema import ConfigError
 
 from .cluster import ClusterClient, ObjectRef
 from .events import NORMAL, Event, compute_events
+from .failure_policy import WorkerFailure, consequence, explain, first_cause
 from .job_status import FAILED, SUCCEEDED, JobStatus
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
 from .pods import PodView, pod_view
 from .render import checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
-from .spec.model import RETAIN
+from .spec.model import FAIL_JOB, RESTART, RETAIN
 from .status import (
     BACKOFF_LIMIT_EXCEEDED,
     DEADLINE_EXCEEDED,
@@ -171,6 +172,7 @@ class _PodPlan:
     creates: list[dict] = field(default_factory=list)
     replaced: int = 0
     failure: Optional[Failure] = None
+    cause: Optional[WorkerFailure] = None  # the handled worker failure that explains the others
 
 
 def _plan_elastic(
@@ -197,7 +199,9 @@ def _plan_elastic(
         # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
         regroup = [ref for ref in live if ref in wanted and _group_size(existing[ref]) != _group_size(wanted[ref])]
         failure = _deadline_failure(before, policy.active_deadline_seconds, now)
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, regroup)
+        # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
+        fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in live.items() if p.phase == FAILED}
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, regroup)
     creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
 
     gone = set(pod_plan.deletes)
@@ -219,6 +223,7 @@ def _plan_elastic(
         effective_batch_size=effective_batch_size(job),
         selector=selector(job),
         queued=_kueue_reason(job, existing) if _all_gated(p for ref, p in live.items() if ref not in gone) else None,
+        cause=pod_plan.cause,
     )
     status = elastic_status(before, seen, now)
     return Plan(
@@ -227,7 +232,7 @@ def _plan_elastic(
         creates=tuple(creates),
         deletes=tuple(pod_plan.deletes),
         patches=() if terminal else tuple(_config_patches(desired, existing)),
-        events=tuple(compute_events(previous, status, reported)),
+        events=tuple(compute_events(previous, status, reported, policy.failure_policy)),
     )
 
 
@@ -238,24 +243,33 @@ def _plan_pods(
     live: Mapping[ObjectRef, PodView],
     restarts: int,
     failure: Optional[Failure],
+    fates: Mapping[ObjectRef, WorkerFailure],
     regroup: Sequence[ObjectRef] = (),
 ) -> _PodPlan:
     """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes.
 
-    `regroup` pods are replaced too (deleted now, created once gone), without counting as failures.
+    `fates` says why each failed pod failed and what the failure policy does:
+    a Restart counts against backoffLimit, a RestartNotCounted does not, a
+    FailJob ends the job. `regroup` pods are replaced too (deleted now,
+    created once gone), without counting as failures.
     """
     limit = job.spec.run_policy.backoff_limit
     surplus = [ref for ref in live if ref not in wanted or ref in regroup]
     failed = [ref for ref, p in live.items() if ref in wanted and p.phase == FAILED]
-    counted = [ref for ref in failed if not live[ref].disrupted]
+    counted = [ref for ref in failed if fates[ref].action == RESTART]
+    cause = first_cause([fates[ref] for ref in failed])
+    fatal = first_cause([fates[ref] for ref in failed if fates[ref].action == FAIL_JOB])
+    if failure is None and fatal is not None:
+        failure = Failure(fatal.condition_reason, f"worker pod {fatal.text()}; {consequence(fatal)}")
     if failure is None and restarts + len(counted) > limit:
         failure = Failure(
             BACKOFF_LIMIT_EXCEEDED,
             f"{len(counted)} worker pod(s) failed with {restarts} of runPolicy.backoffLimit={limit} "
-            f"restarts already used: {', '.join(r.name for r in counted)}",
+            f"restarts already used: {'; '.join(fates[r].text() for r in counted)}",
         )
     if failure is not None:
-        return _PodPlan(restarts, deletes=[ref for ref, p in live.items() if not p.finished], failure=failure)
+        return _PodPlan(restarts, deletes=[ref for ref, p in live.items() if not p.finished], failure=failure,
+                        cause=cause)
     if any(p.phase == SUCCEEDED for p in live.values()):
         # Training is over once a worker succeeded: a new pod would wait for a rendezvous that never comes.
         still_running = any(not p.finished for ref, p in live.items() if ref in wanted)
@@ -266,6 +280,7 @@ def _plan_pods(
         deletes=surplus + failed,
         creates=[dict(obj) for ref, obj in wanted.items() if ref not in present],
         replaced=len(failed),
+        cause=cause,
     )
 
 

@@ -31,6 +31,7 @@ from .job_status import (
     JobStatus,
     WorkerCounts,
 )
+from .failure_policy import WorkerFailure
 from .pods import PodView, true_condition
 
 __all__ = [
@@ -90,6 +91,8 @@ class Observation:
     selector: str
     # (reason, message) while Kueue holds the workers back, as Kueue gives them.
     queued: Optional[tuple[str, str]] = None
+    # The worker failure this pass handled that explains the others (failure_policy.first_cause).
+    cause: Optional[WorkerFailure] = None
 
 
 def is_terminal(previous: JobStatus) -> bool:
@@ -133,6 +136,8 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
         phase, reason, message = SUCCEEDED, "AllWorkersSucceeded", f"all {seen.desired} workers succeeded"
     elif seen.replaced:
         phase, reason, message = RESTARTING, "WorkersReplaced", f"{seen.replaced} worker pod(s) replaced"
+        if seen.cause is not None:
+            reason, message = seen.cause.condition_reason, f"{message}: {seen.cause.text()}"
     elif workers.running + workers.succeeded >= seen.min_running:
         # Workers that already finished training count: the others are finishing too.
         phase, reason, message = RUNNING, "WorkersRunning", f"{workers.running}/{seen.desired} workers running"
@@ -144,6 +149,8 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
         phase, reason, message = PENDING, "WaitingForWorkers", f"{workers.running}/{seen.min_running} workers running"
     out = _counted(before, seen.generation, workers, seen.selector, max(seen.restarts, before.restarts),
                    seen.strategy, seen.effective_batch_size)
+    if seen.cause is not None and not is_terminal(before):
+        out = replace(out, reason=seen.cause.reason)
     if not is_terminal(before):
         out = _moved(out, before, phase, _conditions(before, phase, reason, message, now, valid=_VALID), now)
     return out.to_dict()

@@ -107,10 +107,10 @@ def parse_termination(message: Optional[str]) -> Optional[tuple[str, str]]:
     return match.group(1), (match.group(2) or "").strip()
 
 
-def root_cause(reasons: "list[tuple[str, str]]") -> Optional[tuple[str, str]]:
-    """The (reason, line) that explains a group's failure best: the first primary one, else the likeliest cause."""
-    return min(reasons, key=lambda r: SECONDARY_REASONS.index(r[0]) + 1 if r[0] in SECONDARY_REASONS else 0,
-               default=None)
+def cause_rank(reason: str) -> int:
+    """How well a reason explains a group's failure, best first: any primary reason, then preempted, then
+    collective-timeout (`min(failures, key=...)` picks the one to report)."""
+    return SECONDARY_REASONS.index(reason) + 1 if reason in SECONDARY_REASONS else 0
 
 
 # -- checkpoint folders --
