@@ -86,12 +86,14 @@ class RunSummary:
     checkpoint: Optional[str]
     restarts: int
     message: str = ""
+    reason: str = ""  # why the run failed, as the trainer named it: `storage-full: <line>`
 
 
 def summary_lines(s: RunSummary) -> list[str]:
     fell = f" (first logged: {_loss(s.first_loss)})" if s.first_loss is not None else ""
     return [
         f"status:      {s.status}" + (f" ({s.message})" if s.message else ""),
+        *([f"reason:      {s.reason}"] if s.reason else []),
         f"steps:       {'-' if s.step is None else s.step}/{s.total_steps}",
         f"final loss:  {_loss(s.loss)}{fell}",
         f"tokens/s:    {_rate(s.tokens_per_second)}",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional
 
-from brain_trainer.contract import CONFIG_FILE, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, PROGRESS_FILE_ENV
+from brain_trainer.contract import CONFIG_FILE, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, PROGRESS_FILE_ENV, TERMINATION_LOG_ENV
 
 from .names import workers_service_name
 from .render.workers import (
@@ -35,6 +35,7 @@ from .render.workers import (
     elastic_workers,
 )
 from .spec import Job, trainer_config
+from .spec.model import FailurePolicySpec
 
 __all__ = [
     "LocalPlan",
@@ -60,12 +61,14 @@ class LocalRunError(RuntimeError):
 
 @dataclass(frozen=True)
 class LocalWorker:
-    """One worker pod as a local torchrun agent; `scratch_dirs` are its emptyDirs."""
+    """One worker pod as a local torchrun agent; `scratch_dirs` are its emptyDirs, `termination_log` its
+    container's termination message file."""
 
     name: str
     argv: list[str]
     env: dict[str, str]
     scratch_dirs: list[Path]
+    termination_log: Path
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class LocalPlan:
     progress_file: Path
     total_steps: int
     backoff_limit: int
+    failure_policy: FailurePolicySpec
     files: dict[Path, str]
     dirs: list[Path]
     workers: list[LocalWorker]
@@ -188,11 +192,14 @@ def plan_local(
         # The address this agent advertises to the others (the pod IP in a cluster).
         env[LOCAL_ADDR_ENV] = LOOPBACK
         env[PROGRESS_FILE_ENV] = str(progress_file)
+        # The pod's /dev/termination-log, where its trainers say why they ended.
+        termination_log = workdir / "termination" / worker.name
+        env[TERMINATION_LOG_ENV] = str(termination_log)
         # torchrun sets one thread per process only when a node runs several; local
         # agents share one machine, so its cores are split between all processes.
         env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // procs)))
         argv = [python, "-m", "torch.distributed.run", *(rewrite_path(a, mounts) for a in worker.container.args)]
-        local_workers.append(LocalWorker(worker.name, argv, env, list(scratch.values())))
+        local_workers.append(LocalWorker(worker.name, argv, env, list(scratch.values()), termination_log))
 
     config_folder = next(shared[v.name] for v in workers[0].container.volumes if v.kind == CONFIG_MAP)
     return LocalPlan(
@@ -202,8 +209,9 @@ def plan_local(
         progress_file=progress_file,
         total_steps=job.spec.training.steps,
         backoff_limit=job.spec.run_policy.backoff_limit,
+        failure_policy=job.spec.run_policy.failure_policy,
         files={config_folder / CONFIG_FILE: config.to_yaml()},
-        dirs=sorted(set(shared.values())),
+        dirs=sorted({*shared.values(), workdir / "termination"}),
         workers=local_workers,
     )
 

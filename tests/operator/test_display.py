@@ -67,6 +67,18 @@ def test_summary_names_every_figure():
     text = "\n".join(summary_lines(summary))
     for expected in ("Succeeded", "200/200", "1.5000 (first logged: 5.2500)", "9,000", "1m15s", "restarts:    1", "step-00000200"):
         assert expected in text
+    assert "reason:" not in text
+
+
+def test_a_failed_runs_reason_is_the_first_line_after_its_status():
+    summary = RunSummary(
+        status="Failed", step=100, total_steps=200, loss=None, first_loss=None, tokens_per_second=None,
+        wall_seconds=5.0, checkpoint=None, restarts=0, message="j-worker-0 failed",
+        reason="storage-full: the checkpoint of step 150 needs 13 MB, 2 MB free",
+    )
+    lines = summary_lines(summary)
+    assert lines[:2] == ["status:      Failed (j-worker-0 failed)",
+                         "reason:      storage-full: the checkpoint of step 150 needs 13 MB, 2 MB free"]
 
 
 def test_rich_display_shows_the_bar_figures_under_the_labelled_output():

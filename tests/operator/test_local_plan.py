@@ -60,7 +60,7 @@ def test_the_pod_env_is_carried_over_except_what_must_change_locally():
     job = parse_job(manifest(), require_image=False)
     pods = [o for o in render_elastic(job) if o["kind"] == "Pod"]
     p = plan()
-    local_only = {"PET_RDZV_ENDPOINT", "PET_LOCAL_ADDR", "BRAIN_PROGRESS_FILE", "OMP_NUM_THREADS"}
+    local_only = {"PET_RDZV_ENDPOINT", "PET_LOCAL_ADDR", "BRAIN_PROGRESS_FILE", "BRAIN_TERMINATION_LOG", "OMP_NUM_THREADS"}
     for pod, worker in zip(pods, p.workers):
         pod_env = {v["name"]: v["value"] for v in pod["spec"]["containers"][0]["env"]}
         assert {k: v for k, v in worker.env.items() if k not in local_only} == {
@@ -83,10 +83,14 @@ def test_no_in_pod_path_or_cluster_dns_name_survives():
 def test_volumes_become_folders_under_the_workdir_and_claims_under_the_claims_folder():
     p = plan()
     assert p.checkpoint_dir == CLAIM
-    assert p.dirs == [CLAIM, WORKDIR / "config"]
+    assert p.dirs == [CLAIM, WORKDIR / "config", WORKDIR / "termination"]
     assert p.workers[1].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-1" / "dshm"]
     assert p.progress_file == WORKDIR / "progress.json"
     assert all(w.env["BRAIN_PROGRESS_FILE"] == str(p.progress_file) for w in p.workers)
+    # Each pod's termination message file, where its trainers say why they ended.
+    assert [w.env["BRAIN_TERMINATION_LOG"] for w in p.workers] == [
+        str(WORKDIR / "termination" / f"local-minimal-worker-{i}") for i in range(2)]
+    assert [w.termination_log for w in p.workers] == [WORKDIR / "termination" / f"local-minimal-worker-{i}" for i in range(2)]
 
 
 def test_trainer_yaml_is_the_rendered_one_with_local_paths_and_port():
