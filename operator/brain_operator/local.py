@@ -40,6 +40,7 @@ from .failure_policy import WorkerFailure, consequence
 from .local_plan import LocalPlan, LocalRunError, LocalWorker, localize, plan_local, process_env
 from .spec import parse_job
 from .spec.model import FAIL_JOB, RESTART
+from .storage import check_storage, local_shortfall
 
 __all__ = ["free_port", "newest_committed", "planner", "run_job"]
 
@@ -286,7 +287,7 @@ def _said(worker: LocalWorker) -> Optional[tuple[str, str]]:
 
 def _failure(worker: LocalWorker, code: int, plan: LocalPlan) -> WorkerFailure:
     reason, line = _said(worker) or (ERROR, f"exit code {code}, no reason from the trainer")
-    return WorkerFailure(worker.name, reason, line, plan.failure_policy.action(reason))
+    return WorkerFailure(worker.name, reason, line, plan.job.spec.run_policy.failure_policy.action(reason))
 
 
 def newest_committed(root: Path) -> Optional[Candidate]:
@@ -315,6 +316,7 @@ def run_job(
     """Run the job's workers locally; the exit code is 0 only when it succeeded."""
     plan_for = planner(manifest, base_dir=base_dir, workdir=workdir, claims=claims)
     plan = plan_for(free_port())
+    check_storage(plan.job)
     if importlib.util.find_spec("torch") is None:
         raise LocalRunError("braintrain run needs torch here: pip install 'brain-train[trainer]'")
     done = newest_committed(plan.checkpoint_dir)
@@ -326,6 +328,12 @@ def run_job(
         )
         return 0
     _prepare(plan)
+    # Before any step is computed: a folder without room for the checkpoints to come fails now.
+    short = local_shortfall(plan.job, free=shutil.disk_usage(plan.checkpoint_dir).free,
+                            committed=sum(c.manifest is not None for c in list_checkpoints(plan.checkpoint_dir)),
+                            folder=str(plan.checkpoint_dir))
+    if short is not None:
+        raise LocalRunError(short)
     display = make_display(stream, job_name=plan.job_name, total_steps=plan.total_steps)
     if done is not None:
         display.note(f"resuming {plan.job_name} from {done.path} (step {done.step} of {plan.total_steps})")

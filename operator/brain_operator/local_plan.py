@@ -35,7 +35,6 @@ from .render.workers import (
     elastic_workers,
 )
 from .spec import Job, trainer_config
-from .spec.model import FailurePolicySpec
 
 __all__ = [
     "LocalPlan",
@@ -81,7 +80,7 @@ class LocalPlan:
     progress_file: Path
     total_steps: int
     backoff_limit: int
-    failure_policy: FailurePolicySpec
+    job: Job  # as parsed and localised: its failure policy and checkpoint settings
     files: dict[Path, str]
     dirs: list[Path]
     workers: list[LocalWorker]
@@ -209,7 +208,7 @@ def plan_local(
         progress_file=progress_file,
         total_steps=job.spec.training.steps,
         backoff_limit=job.spec.run_policy.backoff_limit,
-        failure_policy=job.spec.run_policy.failure_policy,
+        job=job,
         files={config_folder / CONFIG_FILE: config.to_yaml()},
         dirs=sorted({*shared.values(), workdir / "termination"}),
         workers=local_workers,

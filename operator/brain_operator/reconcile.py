@@ -12,7 +12,7 @@ writes, and the status is patched only when it changed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -27,10 +27,13 @@ from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
 from .pods import PodView, pod_view
 from .render import checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
+from .storage import StorageTooSmall, check_storage, unchecked_claim_event
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
 from .spec.model import FAIL_JOB, RESTART, RETAIN
 from .status import (
     BACKOFF_LIMIT_EXCEEDED,
+    CHECKPOINT_STORAGE_TOO_SMALL,
+    INVALID_SPEC,
     DEADLINE_EXCEEDED,
     Failure,
     Observation,
@@ -64,6 +67,9 @@ def reconcile(
     previous = manifest.get("status") or {}
     try:
         job = parse_job(manifest, defaults=defaults)
+        check_storage(job)
+    except StorageTooSmall as err:
+        the_plan = plan_invalid(manifest, err, now, CHECKPOINT_STORAGE_TOO_SMALL)
     except ConfigError as err:
         the_plan = plan_invalid(manifest, err, now)
     else:
@@ -140,12 +146,12 @@ def deletion_events(manifest: Mapping[str, Any], defaults: Optional[OperatorDefa
     return [Event(NORMAL, "CheckpointClaimKept", f"checkpoint claim {claim} is kept after the job: {how}")]
 
 
-def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime) -> Plan:
-    """An invalid spec: no child is touched; the status names every bad field."""
+def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime, reason: str = INVALID_SPEC) -> Plan:
+    """An invalid spec: no child is touched; the status names every bad field (Valid=False with `reason`)."""
     previous = manifest.get("status") or {}
     generation = (manifest.get("metadata") or {}).get("generation")
     generation = generation if isinstance(generation, int) else 0
-    status = invalid_status(previous, generation, "; ".join(str(e) for e in err.errors), now)
+    status = invalid_status(previous, generation, "; ".join(str(e) for e in err.errors), now, reason)
     return Plan(status=status, status_patch=status_patch(previous, status), events=tuple(compute_events(previous, status, [])))
 
 
@@ -159,8 +165,12 @@ def plan(
     """Everything one reconcile decides, for either backend."""
     existing = {ObjectRef.of(c): c for c in children}
     if job.spec.backend == "pytorchjob":
-        return _plan_pytorchjob(job, desired, existing, previous, now)
-    return _plan_elastic(job, desired, existing, previous, now)
+        the_plan = _plan_pytorchjob(job, desired, existing, previous, now)
+    else:
+        the_plan = _plan_elastic(job, desired, existing, previous, now)
+    # Once, at the first reconcile: a claim the operator cannot size.
+    unchecked = None if previous.get("phase") else unchecked_claim_event(job)
+    return the_plan if unchecked is None else replace(the_plan, events=(unchecked, *the_plan.events))
 
 
 @dataclass

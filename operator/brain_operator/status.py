@@ -36,6 +36,7 @@ from .pods import PodView, true_condition
 
 __all__ = [
     "BACKOFF_LIMIT_EXCEEDED",
+    "CHECKPOINT_STORAGE_TOO_SMALL",
     "CONDITION_TYPES",
     "DEADLINE_EXCEEDED",
     "FAILED",
@@ -60,6 +61,10 @@ __all__ = [
 
 # Failure reasons.
 INVALID_SPEC = "InvalidSpec"
+# A volumeClaimTemplate too small for the checkpoints (storage.py).
+CHECKPOINT_STORAGE_TOO_SMALL = "CheckpointStorageTooSmall"
+# Reasons of a spec refused before anything ran: fixing the spec starts the job.
+SPEC_REASONS = (INVALID_SPEC, CHECKPOINT_STORAGE_TOO_SMALL)
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 
@@ -97,7 +102,7 @@ class Observation:
 
 def is_terminal(previous: JobStatus) -> bool:
     """A finished job, except one that failed only because its spec was invalid (a fixed spec may run)."""
-    return previous.phase in TERMINAL and failure_reason(previous) != INVALID_SPEC
+    return previous.phase in TERMINAL and failure_reason(previous) not in SPEC_REASONS
 
 
 def failure_reason(previous: JobStatus) -> Optional[str]:
@@ -156,8 +161,10 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
     return out.to_dict()
 
 
-def invalid_status(previous: Mapping[str, Any], generation: int, message: str, now: datetime) -> dict[str, Any]:
-    """An invalid spec: Failed with Valid=False naming every bad field; nothing else changes.
+def invalid_status(previous: Mapping[str, Any], generation: int, message: str, now: datetime,
+                   reason: str = INVALID_SPEC) -> dict[str, Any]:
+    """An invalid spec: Failed with Valid=False (`reason`, one of SPEC_REASONS) naming every bad field; nothing else
+    changes.
 
     A finished job stays finished whatever its spec becomes.
     """
@@ -165,7 +172,7 @@ def invalid_status(previous: Mapping[str, Any], generation: int, message: str, n
     out = replace(before, observed_generation=generation)
     if not is_terminal(before):
         out = replace(out, phase=FAILED,
-                      conditions=_conditions(before, FAILED, INVALID_SPEC, message, now, valid=(False, INVALID_SPEC, message)))
+                      conditions=_conditions(before, FAILED, reason, message, now, valid=(False, reason, message)))
     return out.to_dict()
 
 
