@@ -144,9 +144,18 @@ class CheckpointManager:
     # -- resume --
 
     def restore(self, state: TrainState) -> int | None:
-        """Load the newest committed, intact checkpoint into state; returns its step or None."""
+        """Load the newest committed, intact checkpoint into state; returns its step or None.
+
+        Then, before any step is computed, fail with storage-full when the
+        folder has no room for the next checkpoint.
+        """
         if not self.cfg.enabled:
             return None
+        step = self._restore(state)
+        self._check_space("the next checkpoint")
+        return step
+
+    def _restore(self, state: TrainState) -> int | None:
         candidates = None
         if self.rank == 0:
             candidates = store.list_checkpoints(self.root)
@@ -282,19 +291,20 @@ class CheckpointManager:
             return sum(f["size"] for f in manifest["files"].values())
         return self.checkpoint_bytes
 
-    def _storage_line(self, step: int, needed: int) -> str:
+    def _storage_line(self, what: str, needed: int) -> str:
         free = shutil.disk_usage(self.root).free
-        return (f"the checkpoint of step {step} needs {_megabytes(needed)}, {_megabytes(free)} free in {self.root} "
+        return (f"{what} needs {_megabytes(needed)}, {_megabytes(free)} free in {self.root} "
                 f"(checkpoint.keep_last={self.cfg.keep_last}: that many committed checkpoints and the one being "
                 "written must fit; committed checkpoints were kept)")
 
-    def _check_space(self, step: int) -> None:
+    def _check_space(self, what: str) -> None:
         """Fail with storage-full before writing a checkpoint that cannot fit. Collective: rank 0 decides."""
         verdict = None
         if self.rank == 0:
             needed = self._needed_bytes()
+            self.root.mkdir(parents=True, exist_ok=True)
             if needed > shutil.disk_usage(self.root).free:
-                verdict = self._storage_line(step, needed)
+                verdict = self._storage_line(what, needed)
         verdict = _broadcast(verdict, self._group)
         if verdict is not None:
             raise Fatal(STORAGE_FULL, verdict)
@@ -310,11 +320,12 @@ class CheckpointManager:
                 raise
             if self.rank == 0:
                 shutil.rmtree(store.tmp_dir(self.root, step), ignore_errors=True)
-            raise Fatal(STORAGE_FULL, f"{line}: {self._storage_line(step, self._needed_bytes())}") from exc
+            what = f"the checkpoint of step {step}"
+            raise Fatal(STORAGE_FULL, f"{line}: {self._storage_line(what, self._needed_bytes())}") from exc
 
     def _save(self, state: TrainState, blocking: bool) -> None:
         self.wait()  # at most one save in flight
-        self._check_space(state.step)
+        self._check_space(f"the checkpoint of step {state.step}")
         started = time.perf_counter()
         folder = store.tmp_dir(self.root, state.step)
         fields = {
