@@ -3,12 +3,14 @@ FAIL_AT-th forward pass, fails as FAIL_MODE says:
 - `memory`: a MemoryError raised in the step (what the allocator raises when memory runs out);
 - `vanish`: the process SIGKILLs itself (a peer that vanished), leaving no message of its own."""
 
+import importlib
 import os
 import signal
 import sys
 
 from brain_trainer import __main__ as trainer_main
-from brain_trainer import train
+
+train = importlib.import_module("brain_trainer.train")  # the module (the package exports its train function)
 
 MODE, AT, RANK = os.environ["FAIL_MODE"], int(os.environ["FAIL_AT"]), os.environ["FAIL_RANK"]
 real_loss = train.loss_fn

@@ -147,9 +147,10 @@ def report(exc: BaseException, rank: Optional[str] = None) -> int:
     if isinstance(exc, ConfigError):
         for error in exc.errors:  # one line per bad field, never a traceback
             print(f"error: {error}", file=sys.stderr)
-    elif reason in SECONDARY_REASONS:
-        log.error("%s%s: %s", where, reason, line)  # no traceback: the cause is on another rank
-    else:
-        log.error("%s%s: %s", where, reason, line, exc_info=exc)
+    elif reason in SECONDARY_REASONS or (isinstance(exc, Fatal) and exc.__cause__ is None):
+        # No traceback: the cause is on another rank, or the trainer decided it and the line says why.
+        log.error("%s%s: %s", where, reason, line)
+    else:  # the traceback of what failed, not of the Fatal that explains it
+        log.error("%s%s: %s", where, reason, line, exc_info=exc.__cause__ if isinstance(exc, Fatal) else exc)
     write_termination(reason, line)
     return EXIT_CODES[reason]
