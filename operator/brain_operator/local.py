@@ -328,10 +328,8 @@ def run_job(
         )
         return 0
     _prepare(plan)
-    # Before any step is computed: a folder without room for the checkpoints to come fails now.
-    short = local_shortfall(plan.job, free=shutil.disk_usage(plan.checkpoint_dir).free,
-                            committed=sum(c.manifest is not None for c in list_checkpoints(plan.checkpoint_dir)),
-                            folder=str(plan.checkpoint_dir))
+    # Before any step is computed: a folder without room for the next checkpoint fails now.
+    short = local_shortfall(plan.job, free=shutil.disk_usage(plan.checkpoint_dir).free, folder=str(plan.checkpoint_dir))
     if short is not None:
         raise LocalRunError(short)
     display = make_display(stream, job_name=plan.job_name, total_steps=plan.total_steps)

@@ -6,9 +6,10 @@ moments, the extra state). The checkpoint volume must hold `keepLast`
 committed checkpoints and the one being written: `(keepLast + 1) x` that
 size. `braintrain validate`, `braintrain estimate` and the operator refuse a
 `volumeClaimTemplate` smaller than that; a `claimName`'s size is known only
-to the cluster, so the operator warns in an event; `braintrain run` compares
-its checkpoint folder's free space before it starts (docs/checkpoints.md,
-"Room for checkpoints").
+to the cluster, so the operator warns in an event; `braintrain run` checks
+that its checkpoint folder has room for the next checkpoint before it starts,
+as the trainer does before each save (docs/checkpoints.md, "Room for
+checkpoints").
 """
 
 from __future__ import annotations
@@ -85,14 +86,11 @@ def unchecked_claim_event(job: Job) -> Optional[Event]:
                  f"{_room_text(*room, job.spec.checkpoint.keep_last)}, or the trainer fails with storage-full")
 
 
-def local_shortfall(job: Job, *, free: int, committed: int, folder: str) -> Optional[str]:
-    """One line when a local checkpoint folder lacks room for the checkpoints still to come, else None."""
-    room = room_needed(job)
-    if room is None:
+def local_shortfall(job: Job, *, free: int, folder: str) -> Optional[str]:
+    """One line when a local checkpoint folder has no room for the next checkpoint, else None (the trainer
+    checks the same before each save)."""
+    size = checkpoint_size(job)
+    if size is None or free >= size:
         return None
-    size = room[1]
-    wanted = size * max(1, job.spec.checkpoint.keep_last + 1 - committed)
-    if free >= wanted:
-        return None
-    return (f"storage-full: {folder} has {size_text(free)} free; checkpoints of {size_text(size)} need "
-            f"{size_text(wanted)} more (checkpoint.keepLast {job.spec.checkpoint.keep_last}, {committed} committed)")
+    return (f"storage-full: {folder} has {size_text(free)} free; the next checkpoint needs {size_text(size)} "
+            f"(checkpoint.keepLast {job.spec.checkpoint.keep_last})")
