@@ -94,7 +94,7 @@ def steps_between_votes(period_s: float, step_s: float) -> int:
     return max(1, int(period_s / step_s)) if step_s > 0 else 1
 
 
-def _megabytes(size: int) -> str:
+def _size_text(size: int) -> str:
     return f"{size:,} bytes ({size / 1e6:.1f} MB)"
 
 
@@ -293,7 +293,7 @@ class CheckpointManager:
 
     def _storage_line(self, what: str, needed: int) -> str:
         free = shutil.disk_usage(self.root).free
-        return (f"{what} needs {_megabytes(needed)}, {_megabytes(free)} free in {self.root} "
+        return (f"{what} needs {_size_text(needed)}, {_size_text(free)} free in {self.root} "
                 f"(checkpoint.keep_last={self.cfg.keep_last}: that many committed checkpoints and the one being "
                 "written must fit; committed checkpoints were kept)")
 
