@@ -27,14 +27,13 @@ from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
 from .pods import PodView, pod_view
 from .render import checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
-from .storage import StorageTooSmall, check_storage, unchecked_claim_event
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
 from .spec.model import FAIL_JOB, RESTART, RETAIN
 from .status import (
     BACKOFF_LIMIT_EXCEEDED,
     CHECKPOINT_STORAGE_TOO_SMALL,
-    INVALID_SPEC,
     DEADLINE_EXCEEDED,
+    INVALID_SPEC,
     Failure,
     Observation,
     elastic_status,
@@ -42,6 +41,7 @@ from .status import (
     is_terminal,
     pytorchjob_status,
 )
+from .storage import StorageTooSmall, check_storage, unchecked_claim_event
 
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")

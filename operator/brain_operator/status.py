@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from brain_trainer.contract import format_time
 
+from .failure_policy import WorkerFailure
 from .job_status import (
     CONDITION_TYPES,
     FAILED,
@@ -31,7 +32,6 @@ from .job_status import (
     JobStatus,
     WorkerCounts,
 )
-from .failure_policy import WorkerFailure
 from .pods import PodView, true_condition
 
 __all__ = [

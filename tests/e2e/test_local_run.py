@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -164,7 +165,11 @@ def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(r
     assert killed is not None, "the run ended before a worker could be killed"
     fields = summary(out)
     assert fields["status"] == "Succeeded" and int(fields["restarts"]) >= 1
-    assert "local-minimal-worker-1 exited with -9: restarting all workers" in out
+    # The killed pod's reason: none (an error, counted), or, when its orphaned trainer got torchrun's death
+    # signal (SIGTERM) in time to commit a checkpoint, preempted (not counted).
+    assert re.search(r"^braintrain: local-minimal-worker-1: (error: exit code -9, no reason from the trainer; restarted, "
+                     r"counted|preempted: SIGTERM: step \d+ committed, exiting to be restarted; retried without counting)"
+                     r" against runPolicy\.backoffLimit .*: restarting all workers from the newest checkpoint$", out, re.M), out
     scratch = tmp_path / "weights"
     scratch.mkdir()
     final = f"step-{STEPS:08d}"
