@@ -31,6 +31,7 @@ from .contract import (
     termination_message,
 )
 from .schema import ConfigError
+from .tokens.format import DatasetError
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, ConfigError):
         more = f" (and {len(exc.errors) - 1} more)" if len(exc.errors) > 1 else ""
         return (DATA_ERROR if isinstance(exc, DataError) else CONFIG_ERROR_REASON), f"{exc.errors[0]}{more}"
-    if any(type(cause).__name__ == "DatasetError" or isinstance(cause, UnicodeDecodeError) for cause in chain):
+    if any(isinstance(cause, (DatasetError, UnicodeDecodeError)) for cause in chain):
         return DATA_ERROR, _first_line(exc)
     if any(_is_collective(cause) for cause in chain):
         return COLLECTIVE_TIMEOUT, f"{type(exc).__name__}: {_first_line(exc)}"
