@@ -6,6 +6,7 @@ reads the reason back into its status condition and WorkerFailed event.
 - a full checkpoint volume on 2 gloo ranks: the check before a save (nothing written) and an ENOSPC
   injected in the shard writer (the half-written folder removed): storage-full with the figures,
   every committed checkpoint intact, no .tmp left, and the next start removes a stale .tmp;
+- a reason that fails the job (BRAIN_FAIL_FAST) stops torchrun from restarting the workers in the pod;
 - real `python -m brain_trainer` processes: out-of-memory (a MemoryError raised in a step on rank 1 of
   2, under torchrun), collective-timeout (rank 1 of 2 SIGKILLed, a short timeout), config-error and
   data-error (bad inputs): each message, fed to the operator's pure plan as a failed pod's
@@ -237,3 +238,16 @@ def test_data_error(tmp_path):
     proc, message = launch(tmp_path, [sys.executable, "-m", "brain_trainer", "--config", str(config)])
     assert proc.returncode == contract.EXIT_CODES["data-error"] and "Traceback" not in proc.stderr
     assert assert_told(message, "data-error", "DataError").startswith("data.path: no files match ")
+
+
+def test_a_reason_that_fails_the_job_stops_torchrun_restarting_the_pod(tmp_path):
+    config = trainer_yaml(tmp_path, data={"source": "files", "path": str(tmp_path / "nothing" / "*.txt")})
+    argv = [TORCHRUN, "--nproc-per-node", "2", "--max-restarts", "2", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "brain_trainer", "--config", str(config)]
+    restarted, message = launch(tmp_path, argv)
+    assert restarted.returncode != 0 and contract.parse_termination(message)[0] == "data-error"
+    assert restarted.stderr.count("error: data.path: no files match") == 2 * 3  # 2 ranks, 3 attempts
+    stopped, message = launch(tmp_path, argv, **{contract.FAIL_FAST_ENV: "storage-full,data-error"})
+    assert stopped.returncode != 0 and contract.parse_termination(message)[0] == "data-error"
+    # One attempt, no restart (the first rank to fail stops torchrun, which may end its peer before it says so).
+    assert stopped.stderr.count("error: data.path: no files match") in (1, 2)

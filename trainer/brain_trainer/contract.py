@@ -38,6 +38,10 @@ PROGRESS_FILE_ENV = "BRAIN_PROGRESS_FILE"
 # Kubernetes reads a container's termination message from this file.
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LOG_ENV = "BRAIN_TERMINATION_LOG"
+# The failure reasons (comma-separated) that fail the job without a restart
+# (runPolicy.failurePolicy: FailJob): a trainer failing with one also stops its
+# torchrun agent, so that torchrun does not restart the workers in the pod.
+FAIL_FAST_ENV = "BRAIN_FAIL_FAST"
 
 # -- rank 0's HTTP endpoint --
 

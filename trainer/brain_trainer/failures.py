@@ -3,8 +3,10 @@
 `classify` is pure: an exception in, `(reason, one human line)` out.
 `report` is the thin shell `python -m brain_trainer` ends with: it logs the
 traceback once (on the rank that failed; a rank a peer's failure took down
-logs one line), writes `brain.ai/<reason>: <line>` to the termination log and
-returns the reason's exit code. Torch-free: torch's exception types are
+logs one line), writes `brain.ai/<reason>: <line>` to the termination log,
+stops its torchrun agent when the reason fails the job anyway (FAIL_FAST_ENV:
+a restart inside the pod would fail the same way) and returns the reason's
+exit code. Torch-free: torch's exception types are
 looked up only when torch is loaded (an error before that cannot be one).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import sys
 from typing import Iterator, Optional
 
@@ -22,6 +25,7 @@ from .contract import (
     DATA_ERROR,
     ERROR,
     EXIT_CODES,
+    FAIL_FAST_ENV,
     OUT_OF_MEMORY,
     SECONDARY_REASONS,
     STORAGE_FULL,
@@ -115,11 +119,12 @@ def classify(exc: BaseException) -> tuple[str, str]:
 def write_termination(reason: str, line: str) -> None:
     """Write the termination message Kubernetes (or the local runner) reads.
 
-    Ranks of one pod share the file: a rank that a peer's failure took down
-    (collective-timeout) does not overwrite the reason another rank wrote.
+    Ranks of one pod share the file, emptied at each start (clear_termination):
+    a rank that something else took down (a SECONDARY reason: a peer's failure,
+    the SIGTERM that followed it) does not overwrite the reason another rank wrote.
     """
     path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
-    if reason == COLLECTIVE_TIMEOUT:
+    if reason in SECONDARY_REASONS:
         try:
             with open(path) as f:
                 if parse_termination(f.read()) is not None:
@@ -154,4 +159,7 @@ def report(exc: BaseException, rank: Optional[str] = None) -> int:
     else:  # the traceback of what failed, not of the Fatal that explains it
         log.error("%s%s: %s", where, reason, line, exc_info=exc.__cause__ if isinstance(exc, Fatal) else exc)
     write_termination(reason, line)
+    if reason in os.environ.get(FAIL_FAST_ENV, "").split(",") and "TORCHELASTIC_RUN_ID" in os.environ:
+        # torchrun (our parent) would restart the workers; stopped, it ends the pod with this message.
+        os.kill(os.getppid(), signal.SIGTERM)
     return EXIT_CODES[reason]
