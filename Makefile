@@ -15,9 +15,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[trainer,dev]'
 	touch $(STAMP)
 
-# Trains deploy/examples/local-minimal.yaml on this machine: two local worker pods, CPU, gloo.
-demo: setup
-	$(VENV)/bin/braintrain run deploy/examples/local-minimal.yaml
+# Prepares the standard library's sources with a BPE it trains, then trains and evaluates
+# deploy/examples/local-tokens.yaml on this machine: two local worker pods, CPU, gloo.
+# The dataset lands where `braintrain run` mounts the example's data claim (stdlib-tokens).
+DEMO_DATA := runs/claims/stdlib-tokens/stdlib
+demo: $(DEMO_DATA)/manifest.json
+	$(VENV)/bin/braintrain run deploy/examples/local-tokens.yaml
+
+$(DEMO_DATA)/manifest.json: $(STAMP)
+	$(VENV)/bin/braintrain prepare "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')/*.py" \
+		--train-tokenizer --vocab-size 4096 --workers 2 --force --out $(DEMO_DATA)
 
 test: setup
 	$(PY) -m pytest -q

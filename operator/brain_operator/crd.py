@@ -79,6 +79,7 @@ def build_crd() -> dict[str, Any]:
         {"name": "Nodes", "type": "string", "description": "ready/desired workers", "jsonPath": ".status.nodes"},
         {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
         {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
+        {"name": "EvalLoss", "type": "number", "priority": 1, "jsonPath": ".status.progress.evalLoss"},
         {"name": "Restarts", "type": "integer", "priority": 1, "jsonPath": ".status.restarts"},
         {"name": "Reason", "type": "string", "priority": 1, "description": "why the latest worker failed",
          "jsonPath": ".status.reason"},

@@ -1,6 +1,6 @@
 """What the local runner shows: worker output, live progress, the final summary.
 
-On a terminal a `rich` progress bar (step/total, loss, tokens/s, ETA) stays
+On a terminal a `rich` progress bar (step/total, loss, held-out loss, tokens/s, ETA) stays
 under the workers' output; elsewhere (CI, a pipe) a plain line is printed at
 most every `interval` seconds, and only when the step moved. Both read the
 progress document rank 0 writes (brain_trainer.contract.Progress). The
@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 from rich.progress import Progress as ProgressBar
 from rich.text import Text
 
-from brain_trainer.contract import Progress
+from brain_trainer.contract import Progress, perplexity
 
 __all__ = [
     "Display",
@@ -64,12 +64,17 @@ def _rate(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
+def _eval(doc: Progress) -> str:
+    """`  eval 2.3456` once the job has evaluated; nothing for a job that does not evaluate."""
+    return "" if doc.eval_loss is None else f"  eval {_loss(doc.eval_loss)}"
+
+
 def progress_line(doc: Progress) -> str:
-    """`step 120/200 (60%)  loss 2.1342  12,345 tok/s  ETA 0m32s`"""
+    """`step 120/200 (60%)  loss 2.1342  eval 2.3456  12,345 tok/s  ETA 0m32s`"""
     step, total = doc.step, doc.total_steps or 0
     percent = f" ({100 * step // total}%)" if total else ""
     return (
-        f"step {step}/{total or '?'}{percent}  loss {_loss(doc.loss)}  "
+        f"step {step}/{total or '?'}{percent}  loss {_loss(doc.loss)}{_eval(doc)}  "
         f"{_rate(doc.tokens_per_second)} tok/s  ETA {format_duration(doc.eta_seconds)}"
     )
 
@@ -87,15 +92,22 @@ class RunSummary:
     restarts: int
     message: str = ""
     reason: str = ""  # why the run failed, as the trainer named it: `storage-full: <line>`
+    eval_loss: Optional[float] = None
+    first_eval_loss: Optional[float] = None
 
 
 def summary_lines(s: RunSummary) -> list[str]:
     fell = f" (first logged: {_loss(s.first_loss)})" if s.first_loss is not None else ""
+    evaluated = []
+    if s.eval_loss is not None:
+        first = f"; first: {_loss(s.first_eval_loss)}" if s.first_eval_loss is not None else ""
+        evaluated = [f"eval loss:   {_loss(s.eval_loss)} (perplexity {perplexity(s.eval_loss):,.1f}{first})"]
     return [
         f"status:      {s.status}" + (f" ({s.message})" if s.message else ""),
         *([f"reason:      {s.reason}"] if s.reason else []),
         f"steps:       {'-' if s.step is None else s.step}/{s.total_steps}",
         f"final loss:  {_loss(s.loss)}{fell}",
+        *evaluated,
         f"tokens/s:    {_rate(s.tokens_per_second)}",
         f"wall time:   {format_duration(s.wall_seconds)}",
         f"restarts:    {s.restarts}",
@@ -154,13 +166,13 @@ class RichDisplay:
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("loss {task.fields[loss]}{task.fields[eval]}"),
             TextColumn("{task.fields[rate]} tok/s"),
             TextColumn("ETA {task.fields[eta]}"),
             console=self.console,
             refresh_per_second=4,
         )
-        self.task = self.progress.add_task(job_name, total=total_steps, loss="-", rate="-", eta="-")
+        self.task = self.progress.add_task(job_name, total=total_steps, loss="-", eval="", rate="-", eta="-")
         self.progress.start()
 
     def log(self, pod: str, line: str) -> None:
@@ -177,6 +189,7 @@ class RichDisplay:
             completed=doc.step,
             total=doc.total_steps or None,
             loss=_loss(doc.loss),
+            eval=_eval(doc),
             rate=_rate(doc.tokens_per_second),
             eta=format_duration(doc.eta_seconds),
         )

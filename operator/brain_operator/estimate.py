@@ -12,7 +12,16 @@ from __future__ import annotations
 
 import math
 
-from brain_trainer.memory import GIB, HostPlan, MemoryPlan, first_fit, plan_host_memory, plan_ladder, plan_memory
+from brain_trainer.memory import (
+    GIB,
+    HostPlan,
+    MemoryPlan,
+    first_fit,
+    plan_host_memory,
+    plan_ladder,
+    plan_memory,
+    planned_model,
+)
 from brain_trainer.schema import ConfigError, FieldError
 
 from .spec import Job, trainer_config, world_size
@@ -60,7 +69,7 @@ def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
     asked = None
     if dist.strategy != "auto":
         asked = plan_memory(
-            cfg.model.preset,
+            planned_model(cfg.model),
             "single" if ranks == 1 and dist.strategy == "ddp" else dist.strategy,
             fsdp_sharding=dist.fsdp_sharding,
             activation_checkpointing=dist.activation_checkpointing,
@@ -68,12 +77,12 @@ def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
             node_size=job.spec.nproc_per_node,
             **shape,
         )
-    ladder = plan_ladder(cfg.model.preset, activation_checkpointing=dist.activation_checkpointing,
+    ladder = plan_ladder(planned_model(cfg.model), activation_checkpointing=dist.activation_checkpointing,
                          cpu_offload=dist.cpu_offload, **shape)
     if asked is not None:
         return asked, ladder, asked
     if job.spec.resources.gpus():
-        return None, ladder, first_fit(ladder, memory, cfg.model.preset)[1]
+        return None, ladder, first_fit(ladder, memory, planned_model(cfg.model))[1]
     return None, ladder, ladder[0][1]  # auto on CPUs: ddp (single on one rank), as the trainer resolves it
 
 
@@ -82,7 +91,7 @@ def host_plan(job: Job, *, device_memory_gib: float | None = None) -> HostPlan:
     cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing
     _, _, runs = _plans(job, _device_memory(device_memory_gib))
     return plan_host_memory(
-        cfg.model.preset,
+        planned_model(cfg.model),
         runs,
         accelerator=job.spec.resources.gpus() > 0,
         ranks_per_pod=job.spec.nproc_per_node,
@@ -104,13 +113,17 @@ def _request_verdict(job: Job, plan: HostPlan) -> str:
     return f"{MEMORY_REQUEST}: {requested}, covers it"
 
 
+def _vocabulary(vocab_size: int | None) -> str:
+    return "" if vocab_size is None else f" (vocabulary {vocab_size:,})"
+
+
 def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[str]:
     cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing
     memory = _device_memory(device_memory_gib)
     asked, ladder, _ = _plans(job, memory)
     dist, training = cfg.distributed, cfg.training
     lines = [
-        f"{job.name}: preset {cfg.model.preset}, {world_size(job.spec)} rank(s) ({job.spec.nodes} node(s) x "
+        f"{job.name}: preset {cfg.model.preset}{_vocabulary(cfg.model.vocab_size)}, {world_size(job.spec)} rank(s) ({job.spec.nodes} node(s) x "
         f"{job.spec.nproc_per_node}), {dist.mixed_precision_policy}, micro-batch {training.micro_batch_size} x "
         f"{training.seq_len} tokens, {memory / GIB:g} GiB per device",
         "",
@@ -118,7 +131,7 @@ def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[
     if asked is not None:
         verdict = "fits" if asked.fits(memory) else f"does NOT fit ({(asked.total - memory) / GIB:.1f} GiB per rank missing)"
         lines += [f"configured (spec.distributed): {verdict}", asked.summary(), ""]
-    choice, plan = first_fit(ladder, memory, cfg.model.preset)
+    choice, plan = first_fit(ladder, memory, planned_model(cfg.model))
     lines += [f"strategy: auto picks {choice}", plan.summary(), "", "options tried, cheapest first (device GiB per rank):"]
     for option, tried in ladder:
         mark = "fits" if tried.fits(memory) else "too big"

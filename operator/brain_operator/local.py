@@ -201,8 +201,9 @@ class _Runner:
         self.hurry = False
         self.wake = threading.Event()
         self.adopting = become_subreaper()
-        # The first loss this run saw, so the summary shows that it fell.
+        # The first loss and held-out loss this run saw, so the summary shows that they fell.
         self.first_loss: Optional[float] = None
+        self.first_eval_loss: Optional[float] = None
         # Why the latest attempt failed (`reason: line`), for the summary.
         self.reason = ""
 
@@ -218,6 +219,8 @@ class _Runner:
         doc = read_progress(self.plan.progress_file)
         if doc is not None and self.first_loss is None:
             self.first_loss = doc.loss
+        if doc is not None and self.first_eval_loss is None:
+            self.first_eval_loss = doc.eval_loss
         self.display.update(doc)
 
     def _attempt(self, plan: LocalPlan) -> Optional[WorkerFailure]:
@@ -358,6 +361,8 @@ def run_job(
         restarts=restarts,
         message=message,
         reason=runner.reason if status == "Failed" else "",
+        eval_loss=doc.eval_loss if doc else None,
+        first_eval_loss=runner.first_eval_loss,
     )
     print("\n".join(summary_lines(summary)), file=stream, flush=True)
     if status == "Succeeded":

@@ -30,6 +30,7 @@ from .render.workers import (
     CLAIM,
     CONFIG_MAP,
     LOCAL_ADDR_ENV,
+    OVERLAY,
     RDZV_ENDPOINT_ENV,
     Worker,
     elastic_workers,
@@ -123,11 +124,12 @@ def localize(job: Job, *, base_dir: Path, stdlib: Path) -> Job:
 def _folders(worker: Worker, workdir: Path, claims: Path) -> tuple[dict[str, Path], dict[str, Path]]:
     """(shared, per-pod) local folders of the worker's volumes, by volume name.
 
-    A claim is the folder of that name in `claims`. The checkpoint volume
-    without a claim is the work directory's `checkpoints/`, shared by every
-    local pod all the same, so a failed group and a rerun in the same work
-    directory resume from it. ConfigMaps are shared folders named after the
-    volume; an emptyDir belongs to its pod.
+    A claim (of checkpoints or of data) is the folder of that name in
+    `claims`. The checkpoint volume without a claim is the work directory's
+    `checkpoints/`, shared by every local pod all the same, so a failed group
+    and a rerun in the same work directory resume from it. ConfigMaps are
+    shared folders named after the volume, as is a pod overlay volume the data
+    lives on (`volumes/<name>/`); an emptyDir belongs to its pod.
     """
     shared, scratch = {}, {}
     for volume in worker.container.volumes:
@@ -137,6 +139,8 @@ def _folders(worker: Worker, workdir: Path, claims: Path) -> tuple[dict[str, Pat
             shared[volume.name] = workdir / "checkpoints"
         elif volume.kind == CONFIG_MAP:
             shared[volume.name] = workdir / volume.name
+        elif volume.kind == OVERLAY:
+            shared[volume.name] = workdir / "volumes" / volume.name
         else:
             scratch[volume.name] = workdir / "tmp" / worker.name / volume.name
     return shared, scratch
@@ -180,6 +184,9 @@ def plan_local(
     progress_file = workdir / "progress.json"
     checkpoint_dir = shared[CHECKPOINT_VOLUME]
     config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port)
+    if config.data.path:  # data on a mounted volume is read from its local folder
+        shared_mounts = {v.mount_path: shared[v.name] for v in workers[0].container.volumes if v.name in shared}
+        config = replace(config, data=replace(config.data, path=rewrite_path(config.data.path, shared_mounts)))
 
     local_workers = []
     for worker in workers:

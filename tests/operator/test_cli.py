@@ -104,7 +104,7 @@ def test_an_invalid_manifest_names_each_field_exits_1_and_starts_nothing(command
 def test_validate_accepts_every_example(capsys, monkeypatch):
     monkeypatch.delenv(OperatorDefaults.ENV_IMAGE, raising=False)
     for example in EXAMPLES:
-        local = ["--local"] if example == LOCAL_MINIMAL else []
+        local = ["--local"] if example.name.startswith("local-") else []
         code, out, err = run_cli(capsys, "validate", example, *local)
         assert (code, err) == (0, ""), example
         assert "valid BrainTrainingJob" in out
@@ -152,6 +152,22 @@ def test_estimate_on_the_7b_example_reports_the_per_rank_breakdown(capsys):
     assert "spec.resources.requests.memory: 128Gi, covers it" in host
     code, out, _ = run_cli(capsys, "estimate", GPU_7B, "--device-memory", "10")
     assert code == 0 and "strategy: auto picks fsdp full_shard + full activation checkpointing + CPU offload" in out
+
+
+def test_estimate_sizes_a_hand_set_vocabulary(tmp_path, capsys):
+    data = yaml.safe_load(GPU_7B.read_text())
+    data["spec"]["model"]["vocabSize"] = 128_256
+    path = tmp_path / "llama-vocab.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, resized, err = run_cli(capsys, "estimate", path)
+    assert code == 0, err
+    _, plain, _ = run_cli(capsys, "estimate", GPU_7B)
+    assert resized.startswith("brain-7b: preset 7b (vocabulary 128,256), 8 rank(s)")
+
+    def total(out):
+        return float(re.search(r"^  total +([0-9.]+) GiB", out.split("strategy: auto picks ")[1], re.M)[1])
+
+    assert total(resized) > total(plain)
 
 
 def test_estimate_of_a_model_that_fits_nowhere_is_one_clear_line(tmp_path, capsys):

@@ -115,6 +115,7 @@ def test_printer_columns():
     columns = {c["name"]: c for c in VERSION["additionalPrinterColumns"]}
     assert [c["name"] for c in VERSION["additionalPrinterColumns"] if not c.get("priority")] == ["Phase", "Nodes", "Step", "Loss", "Age"]
     assert columns["Age"]["jsonPath"] == ".metadata.creationTimestamp"
+    assert (columns["EvalLoss"]["jsonPath"], columns["EvalLoss"]["priority"]) == (".status.progress.evalLoss", 1)
     for name, column in columns.items():
         if name != "Age":
             assert _at(column["jsonPath"])["type"] == column["type"], name
@@ -134,7 +135,8 @@ def test_status_schema_accepts_what_the_operator_writes():
         "startTime": "2026-01-02T03:00:00Z",
         "observedGeneration": 4,
         **progress_status(
-            {"step": 120, "total_steps": 1000, "loss": 2.5, "tokens_per_second": 1e5, "eta_seconds": 600, "last_checkpoint_step": 100},
+            {"step": 120, "total_steps": 1000, "loss": 2.5, "tokens_per_second": 1e5, "eta_seconds": 600, "last_checkpoint_step": 100,
+             "eval_loss": 2.75},
             {},
             now=now,
             mount_path="/ckpt",

@@ -22,6 +22,10 @@ def test_progress_line_shows_step_loss_rate_and_eta():
     assert progress_line(DOC) == "step 120/200 (60%)  loss 2.1342  12,346 tok/s  ETA 0m32s"
 
 
+def test_progress_line_shows_the_held_out_loss_once_there_is_one():
+    assert progress_line(replace(DOC, eval_loss=2.5)) == "step 120/200 (60%)  loss 2.1342  eval 2.5000  12,346 tok/s  ETA 0m32s"
+
+
 def test_progress_line_tolerates_missing_fields():
     assert progress_line(Progress(step=3)) == "step 3/?  loss -  - tok/s  ETA -"
 
@@ -67,7 +71,12 @@ def test_summary_names_every_figure():
     text = "\n".join(summary_lines(summary))
     for expected in ("Succeeded", "200/200", "1.5000 (first logged: 5.2500)", "9,000", "1m15s", "restarts:    1", "step-00000200"):
         assert expected in text
+    assert "eval loss" not in text, "a job without evaluation says nothing about it"
+    evaluated = summary_lines(replace(summary, eval_loss=2.0, first_eval_loss=6.0))
+    assert evaluated[3] == "eval loss:   2.0000 (perplexity 7.4; first: 6.0000)"
+    assert "(perplexity 10,142,320," in summary_lines(replace(summary, eval_loss=800.0))[3], "a diverged loss: capped, no overflow"
     assert "reason:" not in text
+
 
 
 def test_a_failed_runs_reason_is_the_first_line_after_its_status():
@@ -85,9 +94,9 @@ def test_rich_display_shows_the_bar_figures_under_the_labelled_output():
     out = io.StringIO()
     display = RichDisplay(out, job_name="demo", total_steps=200)
     display.log("demo-worker-0", "step 120 [not markup]")
-    display.update(DOC)
+    display.update(replace(DOC, eval_loss=2.5))
     display.close()
     text = out.getvalue()
     assert "[demo-worker-0] step 120 [not markup]" in text
-    for figure in ("demo", "120/200", "loss 2.1342", "12,346 tok/s", "ETA 0m32s"):
+    for figure in ("demo", "120/200", "loss 2.1342  eval 2.5000", "12,346 tok/s", "ETA 0m32s"):
         assert figure in text, figure

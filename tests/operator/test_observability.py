@@ -10,14 +10,14 @@ from brain_operator.progress import changed, progress_status
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 DOC = {"step": 120, "total_steps": 200, "loss": 2.123456, "tokens_per_second": 5321.77,
-       "eta_seconds": 41.9, "last_checkpoint_step": 100, "updated_at": 1.0}
+       "eta_seconds": 41.9, "last_checkpoint_step": 100, "eval_loss": 2.345678, "updated_at": 1.0}
 
 
 def test_progress_document_maps_into_status():
     out = progress_status(DOC, {}, now=NOW, mount_path="/checkpoints/")
     assert out == {
         "progress": {"step": 120, "totalSteps": 200, "loss": 2.123, "tokensPerSecond": 5322.0, "etaSeconds": 41,
-                     "updatedAt": "2026-11-22T12:00:00Z"},
+                     "evalLoss": 2.346, "updatedAt": "2026-11-22T12:00:00Z"},
         "lastCheckpoint": {"step": 100, "path": "/checkpoints/step-00000100"},
     }
 

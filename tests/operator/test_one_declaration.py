@@ -66,9 +66,10 @@ def test_manifest_to_configmap_to_trainer_config_and_back_is_lossless(path):
     text = build_config_map(job)["data"][CONFIG_FILE]
     cfg = TrainerConfig.from_dict(yaml.safe_load(text))
     back = spec_to_dict(job.spec)
-    for section in ("model", "training", "distributed", "data"):
+    for section in ("model", "training", "distributed"):
         back[section] = to_dict(getattr(cfg, section), camel_case=True)
-    back["checkpoint"] = {**back["checkpoint"], **to_dict(cfg.checkpoint, camel_case=True)}
+    for section in ("data", "checkpoint"):  # the trainer's fields, plus where the data and checkpoints live
+        back[section] = {**back[section], **to_dict(getattr(cfg, section), camel_case=True)}
     again = parse_job({"apiVersion": "brain.ai/v1alpha1", "kind": "BrainTrainingJob", "metadata": {"name": job.name},
                        "spec": back}, require_image=False)
     assert again.spec == job.spec

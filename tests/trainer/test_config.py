@@ -35,7 +35,7 @@ def test_every_bad_field_is_reported_with_its_path_and_value():
     assert errs == [
         "training.stepz: unknown field (known fields: steps, micro_batch_size, global_batch_size, seq_len, "
         "learning_rate, min_lr_ratio, warmup_steps, lr_scaling, reference_batch_size, weight_decay, grad_clip, "
-        "seed, log_interval, compile)",
+        "seed, log_interval, compile, eval_interval, eval_steps)",
         "training.steps: must be >= 1, got 0",
         "training.learning_rate: must be a number, got 'fast'",
         "distributed.fsdp_sharding: must be one of full_shard, shard_grad_op, no_shard, hybrid_shard; got 'fullshard'",

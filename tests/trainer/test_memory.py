@@ -19,6 +19,7 @@ from brain_trainer.memory import (
     activation_units,
     choose_strategy,
     plan_memory,
+    planned_model,
     resolve_distributed,
     strategy_ladder,
 )
@@ -206,6 +207,19 @@ def test_resolve_distributed_makes_auto_concrete():
     assert small.strategy == "ddp"
     with pytest.raises(InsufficientMemoryError):
         resolve_distributed(auto, 2, 2 * GIB)
+
+
+def test_the_planner_sizes_a_resized_vocabulary():
+    """The embedding, the head and the logits grow with model.vocab_size (set by hand or from a token dataset)."""
+    auto = _config()
+    small = replace(auto, model=replace(auto.model, preset="minimal"), training=replace(auto.training, seq_len=512))
+    assert planned_model(small.model) == "minimal"
+    huge = replace(small, model=replace(small.model, vocab_size=1_000_000))
+    assert planned_model(huge.model).vocab_size == 1_000_000
+    assert plan_memory(planned_model(huge.model), "ddp").total > plan_memory("minimal", "ddp").total + 4 * GB
+    assert resolve_distributed(small, 2, 2 * GIB).strategy == "ddp"
+    with pytest.raises(InsufficientMemoryError):
+        resolve_distributed(huge, 2, 2 * GIB)
 
 
 def test_host_memory_counts_the_staging_copy_of_what_each_rank_holds():

@@ -18,11 +18,12 @@ def test_serves_progress_and_metrics(monkeypatch):
     server = MetricsServer(0, host="127.0.0.1")
     try:
         assert json.loads(fetch(server.port, "/progress")) == {}
-        server.publish(Progress(step=7, total_steps=20, loss=2.5, tokens_per_second=1000.0, last_checkpoint_step=5),
+        server.publish(Progress(step=7, total_steps=20, loss=2.5, tokens_per_second=1000.0, last_checkpoint_step=5,
+                                eval_loss=2.75),
                        step_time=0.25, learning_rate=1e-3)
         assert json.loads(fetch(server.port, "/progress"))["step"] == 7
         text = fetch(server.port, "/metrics").decode()
-        for line in ("brain_trainer_step 7.0", "brain_trainer_loss 2.5", "brain_trainer_last_checkpoint_step 5.0",
+        for line in ("brain_trainer_step 7.0", "brain_trainer_loss 2.5", "brain_trainer_last_checkpoint_step 5.0", "brain_trainer_eval_loss 2.75",
                      "brain_trainer_step_time_seconds 0.25", "brain_trainer_learning_rate 0.001", "brain_trainer_restarts 2.0"):
             assert line in text.splitlines(), line
     finally:

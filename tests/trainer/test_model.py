@@ -114,6 +114,23 @@ def test_sequence_longer_than_max_seq_len_is_refused():
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
+def test_a_resized_vocabulary_embeds_predicts_and_hashes_its_ids():
+    """Bytes hash as they always did (begin-of-sequence 256); a large vocabulary stays in range without overflow."""
+    with torch.device("meta"):
+        bytes_model, large = BrainAI.from_preset("minimal"), BrainAI.from_preset("minimal", vocab_size=200_000)
+    assert large.encoders.embed.num_embeddings == large.heads.lm_head.out_features == 200_000
+    tokens = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
+    for order in (2, 3):
+        padded = F.pad(tokens, (order - 1, 0), value=256)
+        ids = torch.full_like(tokens, order)
+        for i in range(order):
+            ids = ids * 257 + padded[:, i : i + 40]
+        assert torch.equal(bytes_model.encoders.ngram_ids(tokens, order), ids * 2654435761 % 2**32 % 12288)
+    wide = torch.randint(0, 200_000, (2, 40), generator=torch.Generator().manual_seed(1))
+    buckets = large.encoders.ngram_ids(wide, 3)
+    assert 0 <= buckets.min() and buckets.max() < 12288 and len(buckets.unique()) > 60
+
+
 def test_preset_errors_name_the_field():
     with pytest.raises(ConfigError) as err:
         BrainAI.from_preset("13b")

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
+import numpy as np
 import pyarrow
 import pyarrow.parquet as pq
 import pytest
+import torch
 from tokens_corpus import PROG, prepare, stdlib_globs
 
+from brain_trainer.contract import CONFIG_ERROR
 from brain_trainer.tokens.dataset import TokenDataset
 from brain_trainer.tokens.format import DatasetError, check_seq_len, in_validation, read_manifest
-from brain_trainer.tokens.tokenizer import TokenizerError, load_dataset_tokenizer, train_bpe
+from brain_trainer.tokens.tokenizer import ByteTokenizer, TokenizerError, load_dataset_tokenizer, train_bpe
+from brain_trainer.tokens.writer import DatasetWriter
 
 
 def failed(capsys, tmp_path, *argv, code=1):
@@ -198,3 +203,43 @@ def test_a_stored_tokenizer_changed_after_prepare(tmp_path, capsys):
     (out / "tokenizer.json").write_text(json.dumps(stored))
     with pytest.raises(TokenizerError, match="tokenizer.json: does not match the manifest's sha256"):
         load_dataset_tokenizer(out, read_manifest(out).tokenizer)
+
+
+def trainer_fails(capsys, folder, tmp_path, **training):
+    """`python -m brain_trainer` on the dataset `folder`: exit 2 and the one error line, before any rank trains."""
+    from brain_trainer.__main__ import main as trainer_main
+
+    config = {"training": {"steps": 2, "seq_len": 16, **training}, "data": {"source": "tokens", "path": str(folder)},
+              "checkpoint": {"dir": str(tmp_path / "checkpoints")}, "metrics": {"port": 0}}
+    path = tmp_path / "trainer.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    assert trainer_main(["--config", str(path)]) == CONFIG_ERROR
+    _, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: data.path: "), err
+    assert not (tmp_path / "checkpoints").exists(), "nothing trained, nothing saved"
+    assert not torch.distributed.is_initialized()
+    return lines[0].removeprefix("error: data.path: ")
+
+
+def test_the_trainer_names_a_damaged_shard_before_training(copy, tmp_path, capsys):
+    shard = copy / read_manifest(copy).train.shards[0].name
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-4])
+    assert trainer_fails(capsys, copy, tmp_path) == f"{shard}: {len(data) - 4} bytes, manifest says {len(data)} (truncated)"
+    shard.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    assert re.fullmatch(rf"{shard}: checksum [0-9a-f]{{8}}, manifest says [0-9a-f]{{8}} \(corrupted\)",
+                        trainer_fails(capsys, copy, tmp_path))
+    (copy / "manifest.json").unlink()
+    assert trainer_fails(capsys, copy, tmp_path).startswith(f"{copy}: not a token dataset (no manifest.json")
+
+
+def test_the_trainer_refuses_a_seq_len_longer_than_the_validation_split(tmp_path, capsys):
+    folder = tmp_path / "short-validation"
+    with DatasetWriter(folder, "uint16", 1 << 20) as writer:
+        writer.write("train", np.arange(20_000, dtype=np.uint16) % 256, 1)
+        writer.write("validation", np.arange(64, dtype=np.uint16), 1)
+        writer.commit(ByteTokenizer().info(), 0.1, 0, ["synthetic"], 0)
+    line = trainer_fails(capsys, folder, tmp_path, seq_len=100, eval_interval=1)
+    assert line == (f"{folder}: the validation split holds 64 tokens, fewer than one sequence "
+                    "(seq_len + 1 = 101); lower training.seq_len or prepare more data")

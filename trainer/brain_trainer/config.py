@@ -18,7 +18,7 @@ import yaml
 
 from . import kubeyaml
 from .contract import METRICS_PORT
-from .presets import MODEL_PRESETS
+from .presets import MODEL_PRESETS, VOCAB_SIZE
 from .schema import ConfigError, FieldError, Names, from_dict, setting, to_dict
 
 PRESETS = tuple(MODEL_PRESETS)
@@ -26,7 +26,7 @@ STRATEGIES = ("auto", "single", "ddp", "fsdp")
 FSDP_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
 BACKENDS = ("auto", "nccl", "gloo")
 PRECISIONS = ("fp32", "bf16", "fp16")
-DATA_SOURCES = ("synthetic", "files")
+DATA_SOURCES = ("synthetic", "files", "tokens")
 LR_SCALING = ("none", "linear")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 
@@ -47,6 +47,12 @@ class ModelConfig:
         None,
         help="start from these weights (optimizer and data position start fresh): a committed checkpoint folder, "
         "or a safetensors file or folder (model.safetensors, or an index with shards); the pods must see the path",
+    )
+    vocab_size: Optional[int] = setting(
+        None,
+        minimum=2,
+        help="token ids the preset embeds and predicts; default: the dataset tokenizer's (data.source tokens), "
+        "else 256 bytes; set by hand it must match the dataset's",
     )
 
 
@@ -72,6 +78,13 @@ class TrainingConfig:
     seed: int = setting(0, minimum=0)
     log_interval: int = setting(10, minimum=1, help="steps between rank-0 log lines")
     compile: bool = setting(False, help="torch.compile each block (CUDA only)")
+    eval_interval: int = setting(
+        0, minimum=0, help="steps between held-out evaluations on the validation split (data.source tokens), "
+        "and one at the last step; 0: none",
+    )
+    eval_steps: int = setting(
+        20, minimum=1, help="micro-batches each evaluation reads, dealt across the ranks: the same validation windows at any world size",
+    )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
@@ -169,14 +182,17 @@ DISTRIBUTED_PRESETS: dict[str, DistributedConfig] = {
 class DataConfig:
     """Where training sequences come from."""
 
-    source: str = setting("synthetic", choices=DATA_SOURCES, help="synthetic, or files: a glob of text files read as bytes")
-    path: Optional[str] = setting(None, help="glob of text files when source is files")
+    source: str = setting(
+        "synthetic", choices=DATA_SOURCES,
+        help="synthetic; files: a glob of text files read as bytes; tokens: a folder `braintrain prepare` made",
+    )
+    path: Optional[str] = setting(None, help="files: a glob of text files; tokens: the dataset folder")
     num_workers: int = setting(0, minimum=0, help="DataLoader worker processes per rank")
     num_samples: int = setting(65536, minimum=1, help="sequences in the synthetic dataset (one epoch)")
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
-        if self.source == "files" and not self.path:
-            yield "path", "required when source is 'files'"
+        if self.source in ("files", "tokens") and not self.path:
+            yield "path", f"required when source is {self.source!r}"
 
 
 @dataclass
@@ -216,6 +232,18 @@ class TrainerSections:
                     "training.seq_len",
                     f"must be <= {longest} (the {self.model.preset} preset's max_seq_len), got {self.training.seq_len}",
                 )
+        if self.model.vocab_size is not None and self.model.entrypoint is not None:
+            yield "model.vocab_size", f"resizes a preset; the model of {name('model.entrypoint')} has its own vocabulary"
+        if self.model.vocab_size is not None and self.data.source != "tokens" and self.model.vocab_size < VOCAB_SIZE:
+            yield (
+                "model.vocab_size",
+                f"must be >= {VOCAB_SIZE} for byte-level data ({name('data.source')} {self.data.source}), got {self.model.vocab_size}",
+            )
+        if self.training.eval_interval and self.data.source != "tokens":
+            yield (
+                "training.eval_interval",
+                f"evaluates on a token dataset's validation split: needs {name('data.source')} tokens, got {self.data.source}",
+            )
         if self.training.global_batch_size is not None and self.distributed.gradient_accumulation_steps != 1:
             yield (
                 "distributed.gradient_accumulation_steps",

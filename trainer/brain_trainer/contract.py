@@ -7,6 +7,7 @@ contract is written twice (docs/architecture.md, "The contract").
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -169,6 +170,7 @@ class Progress:
     tokens_per_second: Optional[float] = setting(None, minimum=0, help="Training throughput over all ranks")
     eta_seconds: Optional[float] = setting(None, minimum=0, help="Estimated seconds until the last step")
     last_checkpoint_step: Optional[int] = setting(None, minimum=0, help="Step of the newest committed checkpoint (status shows it as lastCheckpoint)")
+    eval_loss: Optional[float] = setting(None, help="Held-out loss of the newest evaluation on the validation split, over all ranks")
     updated_at: Optional[str] = setting(None, help="When it was written (RFC 3339, UTC)")
 
     def to_json(self) -> str:
@@ -193,3 +195,8 @@ class Progress:
 
 def eta_seconds(step: int, total_steps: int, seconds_per_step: float) -> float:
     return max(0, total_steps - step) * seconds_per_step
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss), the held-out loss as readers quote it; capped where exp would overflow a float (~709)."""
+    return math.exp(min(loss, 700.0))

@@ -30,6 +30,7 @@ from .launcher import env_int
 from .presets import VOCAB_SIZE
 from .failures import DataError
 from .schema import FieldError
+from .tokens.source import open_split
 
 
 def _windows(tokens: torch.Tensor, index: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,6 +117,8 @@ def build_dataset(data: DataConfig, seq_len: int, seed: int) -> Dataset:
     """The dataset a DataConfig names."""
     if data.source == "files":
         return ByteFileDataset(data.path, seq_len)
+    if data.source == "tokens":
+        return open_split(data.path, seq_len, "train")
     return SyntheticDataset(data.num_samples, seq_len, seed)
 
 

@@ -139,7 +139,8 @@ def model_description(manifest: dict[str, Any], tensors: list[Tensor], dtype: to
     }
     if described["preset"] is not None:
         described["architecture"] = "BrainAI"
-        described["dimensions"] = to_dict(preset_config(described["preset"]))
+        resized = {"vocab_size": model["vocab_size"]} if model.get("vocab_size") else {}
+        described["dimensions"] = to_dict(preset_config(described["preset"], **resized))
     return described
 
 

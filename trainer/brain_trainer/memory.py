@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from .config import ACTIVATION_CHECKPOINTING, FSDP_SHARDING, PRECISIONS, DistributedConfig, TrainerConfig
+from .config import ACTIVATION_CHECKPOINTING, FSDP_SHARDING, PRECISIONS, DistributedConfig, ModelConfig, TrainerConfig
 from .presets import STACKS, BrainAIConfig, largest_tensor_params, preset_config, wrap_unit_params
 from .schema import ConfigError, FieldError
 
@@ -145,6 +145,13 @@ class InsufficientMemoryError(ConfigError):
                 )
             ]
         )
+
+
+def planned_model(model: ModelConfig) -> BrainAIConfig | str:
+    """What the planner sizes for a model section: the preset, resized when model.vocab_size says so."""
+    if model.vocab_size is None:
+        return model.preset
+    return preset_config(model.preset, vocab_size=model.vocab_size)
 
 
 def _model_config(model: BrainAIConfig | str) -> BrainAIConfig:
@@ -427,7 +434,7 @@ def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes
     if device_memory_bytes is None or cfg.model.entrypoint:
         return replace(dist, strategy="ddp")
     choice, _ = choose_strategy(
-        cfg.model.preset,
+        planned_model(cfg.model),
         world_size=world_size,
         device_memory_bytes=device_memory_bytes,
         precision=dist.mixed_precision_policy,

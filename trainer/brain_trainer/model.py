@@ -29,12 +29,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .presets import NGRAM_ORDERS, VOCAB_SIZE, BrainAIConfig, preset_config
+from .presets import NGRAM_ORDERS, BrainAIConfig, preset_config
 from .schema import ConfigError, FieldError
 
 INIT_STD = 0.02
-BOS = VOCAB_SIZE  # stands for the positions before the first byte in n-gram ids (one past the last byte)
 HASH_MULTIPLIER = 2654435761  # Knuth's multiplicative hash constant
+# n-gram ids are cut to 31 bits before hashing, so the product stays below int64 overflow for any vocabulary
+# (a no-op for bytes: their trigram ids stay below 2**31).
+HASH_INPUT = 2**31
 SCAN_CHUNK = 16
 MAX_LOG_DECAY = 4.0  # SCAN_CHUNK * MAX_LOG_DECAY = 64 < 88, where exp overflows float32
 
@@ -74,6 +76,7 @@ class Encoders(nn.Module):
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.bos = cfg.vocab_size  # the positions before the first token in n-gram ids (one past the last id)
         self.ngram = nn.Embedding(cfg.ngram_buckets, cfg.d_model)
         self.conv = nn.Conv1d(cfg.d_model, cfg.d_model, cfg.conv_kernel, groups=cfg.d_model)
 
@@ -84,14 +87,13 @@ class Encoders(nn.Module):
         nn.init.zeros_(self.conv.bias)
 
     def ngram_ids(self, tokens: torch.Tensor, order: int) -> torch.Tensor:
-        """Bucket of the `order` bytes ending at each position (B, T); before the start counts as BOS."""
+        """Bucket of the `order` tokens ending at each position (B, T); before the start counts as `bos`."""
         T = tokens.shape[1]
-        padded = F.pad(tokens, (order - 1, 0), value=BOS)  # (B, T + order - 1)
+        padded = F.pad(tokens, (order - 1, 0), value=self.bos)  # (B, T + order - 1)
         ids = torch.full_like(tokens, order)  # the order is mixed in so bigrams and trigrams hash apart
         for i in range(order):
-            ids = ids * (BOS + 1) + padded[:, i : i + T]
-        # multiplicative hashing; stays far below int64 overflow for orders <= 3
-        return (ids * HASH_MULTIPLIER) % 2**32 % self.ngram.num_embeddings
+            ids = ids * (self.bos + 1) + padded[:, i : i + T]
+        return (ids % HASH_INPUT * HASH_MULTIPLIER) % 2**32 % self.ngram.num_embeddings
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)  # (B, T, D)
@@ -339,7 +341,7 @@ class Meta(nn.Module):
 
 
 class Heads(nn.Module):
-    """Final norm and the byte head (not tied to the embedding: each FSDP unit owns its weights)."""
+    """Final norm and the output head over the vocabulary (not tied to the embedding: each FSDP unit owns its weights)."""
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
@@ -449,4 +451,6 @@ def build_model(model_cfg: ModelConfig) -> nn.Module:
     """
     if model_cfg.entrypoint:
         return _load_entrypoint(model_cfg.entrypoint)
+    if model_cfg.vocab_size is not None:
+        return BrainAI.from_preset(model_cfg.preset, vocab_size=model_cfg.vocab_size)
     return BrainAI.from_preset(model_cfg.preset)

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from .schema import ConfigError, FieldError, Names, from_dict, setting, to_dict
 
-VOCAB_SIZE = 256  # byte-level: every byte is a token, no tokenizer to ship
+VOCAB_SIZE = 256  # byte-level by default: every byte is a token, no tokenizer to ship
 NGRAM_ORDERS = (2, 3)  # the encoder also embeds the hashed bigram and trigram ending at each byte
 FFN_MULTIPLE = 32  # the gated-MLP width is rounded up to this, for matmul-friendly shapes
 
@@ -38,7 +38,7 @@ class BrainAIConfig:
     reasoning_blocks: int = setting(2, minimum=1, help="causal self-attention blocks in reasoning")
     decision_blocks: int = setting(1, minimum=1, help="gated-MLP blocks in decision")
     max_seq_len: int = setting(512, minimum=1, help="longest sequence the model accepts")
-    vocab_size: int = setting(VOCAB_SIZE, minimum=VOCAB_SIZE, maximum=VOCAB_SIZE, help="byte-level, always 256")
+    vocab_size: int = setting(VOCAB_SIZE, minimum=2, help="token ids embedded and predicted: 256 bytes, or a tokenizer's vocabulary")
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.d_model % self.n_heads:

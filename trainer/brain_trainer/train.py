@@ -35,6 +35,7 @@ from .contract import OUT_OF_MEMORY, PROGRESS_FILE_ENV, Progress, eta_seconds, f
 from .data import RankAwareDataLoader, build_dataset
 from .ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
 from .failures import Fatal
+from .evaluation import EvalResult, Evaluator, due
 from .fsdp import FSDPWrapper
 from .launcher import DistributedLauncher
 from .memory import checkpoint_bytes, rank_estimate, resolve_distributed
@@ -45,6 +46,7 @@ from .memory_report import InitMemory, gather_init_memory, out_of_memory_line, p
 from .progress import write_progress
 from .schedule import WarmupCosine, follow_config, peak_learning_rate
 from .schema import ConfigError, FieldError
+from .tokens.source import token_source
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class TrainResult:
     tokens_per_second: float  # over all ranks, for the steps this process ran
     wall_seconds: float  # the loop's wall time in this process
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) at each logging step
+    eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out loss) at each evaluation
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -146,6 +149,7 @@ class Reporter:
         self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
         self.metrics = start_metrics_server(cfg.metrics.port) if self.active else None
         self.last: Optional[Progress] = None
+        self.eval_loss: Optional[float] = None
 
     def report(self, step: int, loss: float, tokens_per_second: float, step_time: float, lr: float,
                last_checkpoint_step: Optional[int], peak_memory: int) -> None:
@@ -163,12 +167,23 @@ class Reporter:
                 tokens_per_second=tokens_per_second,
                 eta_seconds=eta_seconds(step, self.total_steps, step_time),
                 last_checkpoint_step=last_checkpoint_step,
+                eval_loss=self.eval_loss,
                 updated_at=format_time(),
             ),
             step_time=step_time,
             learning_rate=lr,
             peak_memory_bytes=peak_memory,
         )
+
+    def evaluated(self, step: int, result: EvalResult) -> None:
+        """An evaluation's result: logged, and in the progress document from now on."""
+        if not self.active:
+            return
+        log.info("eval step %d/%d loss %.4f perplexity %.2f (%d tokens)", step, self.total_steps, result.loss,
+                 result.perplexity, result.tokens)
+        self.eval_loss = result.loss
+        if self.last is not None:
+            self._publish(replace(self.last, eval_loss=result.loss, updated_at=format_time()))
 
     def init_memory(self, ranks: list[InitMemory]) -> None:
         """Every rank's memory after initialisation, on the metrics endpoint."""
@@ -202,9 +217,14 @@ def train(cfg: TrainerConfig) -> TrainResult:
     started this process, then runs the loop here.
     """
     cfg = cfg.resolved()
-    # Build the dataset first: a bad data.path fails before any rendezvous.
+    # Build the datasets first: a bad data.path (or a vocabulary that does not match it) fails before any rendezvous.
     dataset = build_dataset(cfg.data, cfg.training.seq_len, cfg.training.seed)
-    return DistributedLauncher(cfg.distributed).launch(_launched, Namespace(config=cfg, dataset=dataset))
+    held_out = None
+    if cfg.data.source == "tokens":
+        cfg, held_out = token_source(cfg, dataset)
+    return DistributedLauncher(cfg.distributed).launch(
+        _launched, Namespace(config=cfg, dataset=dataset, held_out=held_out)
+    )
 
 
 def _launched(args: Namespace) -> TrainResult:
@@ -217,7 +237,7 @@ def _launched(args: Namespace) -> TrainResult:
         reporter = Reporter(cfg, rank)
         cleanup.callback(reporter.close)
         try:
-            return _run(cfg, args.dataset, rank, world_size, device, reporter, cleanup)
+            return _run(cfg, args.dataset, rank, world_size, device, reporter, cleanup, args.held_out)
         except (MemoryError, torch.OutOfMemoryError) as exc:
             estimate = rank_estimate(cfg, resolve_strategy(cfg, world_size, device), world_size,
                                      node_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
@@ -226,7 +246,7 @@ def _launched(args: Namespace) -> TrainResult:
 
 
 def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, device: torch.device, reporter: Reporter,
-         cleanup: contextlib.ExitStack) -> TrainResult:
+         cleanup: contextlib.ExitStack, held_out: Optional[Dataset] = None) -> TrainResult:
     training = cfg.training
     dist_cfg = resolve_strategy(cfg, world_size, device)
     accumulation = cfg.accumulation_steps(world_size)
@@ -272,6 +292,10 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         num_workers=cfg.data.num_workers,
     )
     batches = iter(loader)
+    evaluator = None if held_out is None else Evaluator(
+        held_out, training.micro_batch_size, training.eval_steps, rank, world_size, device,
+        lambda: autocast_context(dist_cfg.mixed_precision_policy, device),
+    )
     if rank == 0:
         log.info(
             "training %s with %s on %d rank(s), %s: micro-batch %d x %d accumulation x %d ranks = %d sequences/step, from step %d",
@@ -283,6 +307,8 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     running_loss = torch.zeros((), device=device)  # summed on device: no host sync between logging steps
     micro_losses = 0
     history: list[tuple[int, float]] = []
+    eval_history: list[tuple[int, float]] = []
+    eval_seconds = 0.0
     first_step = last_log_step = state.step
     start = last_log_time = time.perf_counter()
     micro_idx = 0
@@ -305,6 +331,14 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
         state.sample_index += global_batch
         sample_log.record(state.step)
         ckpt.after_step(state)
+        if evaluator is not None and due(state.step, training):
+            began = time.perf_counter()
+            result = evaluator(model)
+            reporter.evaluated(state.step, result)
+            eval_history.append((state.step, result.loss))
+            spent = time.perf_counter() - began
+            eval_seconds += spent
+            last_log_time += spent  # throughput counts training only
         if state.step % training.log_interval and state.step != training.steps:
             continue
         mean_loss = wrapper.all_reduce_metrics({"loss": running_loss.item() / micro_losses})["loss"]
@@ -326,7 +360,8 @@ def _run(cfg: TrainerConfig, dataset: Dataset, rank: int, world_size: int, devic
     return TrainResult(
         step=state.step,
         loss=history[-1][1] if history else float("nan"),
-        tokens_per_second=steps_run * tokens_per_step / loop_seconds if steps_run else 0.0,
+        tokens_per_second=steps_run * tokens_per_step / (loop_seconds - eval_seconds) if steps_run else 0.0,
         wall_seconds=loop_seconds,
         history=history,
+        eval_history=eval_history,
     )

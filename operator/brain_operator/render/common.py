@@ -20,8 +20,10 @@ from .workers import (
     CLAIM,
     CONFIG_MAP,
     MEMORY,
+    OVERLAY,
     TERMINATION_GRACE_SECONDS,
     Container,
+    Volume,
     checkpoint_claim_name,
 )
 
@@ -169,12 +171,12 @@ def container(job: Job, name: str, planned: Container) -> dict[str, Any]:
     return out
 
 
-def _volume_source(kind: str, source: Optional[str]) -> dict[str, Any]:
-    if kind == CONFIG_MAP:
-        return {"configMap": {"name": source}}
-    if kind == CLAIM:
-        return {"persistentVolumeClaim": {"claimName": source}}
-    if kind == MEMORY:
+def _volume_source(volume: Volume) -> dict[str, Any]:
+    if volume.kind == CONFIG_MAP:
+        return {"configMap": {"name": volume.source}}
+    if volume.kind == CLAIM:
+        return {"persistentVolumeClaim": {"claimName": volume.source, **({"readOnly": True} if volume.read_only else {})}}
+    if volume.kind == MEMORY:
         return {"emptyDir": {"medium": "Memory"}}
     return {"emptyDir": {}}
 
@@ -196,7 +198,8 @@ def pod_spec(job: Job, container_name: str, planned: Container, restart_policy: 
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container(job, container_name, planned)],
-        "volumes": [{"name": v.name, **_volume_source(v.kind, v.source)} for v in planned.volumes],
+        # The overlay's volumes come with the overlay (apply_overlay); the plan only mounts them.
+        "volumes": [{"name": v.name, **_volume_source(v)} for v in planned.volumes if v.kind != OVERLAY],
     }
     if sched.node_selector:
         spec["nodeSelector"] = dict(sched.node_selector)

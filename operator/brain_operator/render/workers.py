@@ -16,7 +16,16 @@ from ..names import config_map_name, template_claim_name, worker_pod_name, worke
 from ..spec import Job, node_range
 from ..spec.environment import PYTHONUNBUFFERED, SHARE_RDZV_STORE
 from ..spec.model import FAIL_JOB
-from ..spec.owned import CHECKPOINT_VOLUME, CONFIG_DIR, CONFIG_VOLUME, RDZV_PORT, RDZV_PORT_NAME, SHM_DIR, SHM_VOLUME
+from ..spec.owned import (
+    CHECKPOINT_VOLUME,
+    CONFIG_DIR,
+    CONFIG_VOLUME,
+    DATA_VOLUME,
+    RDZV_PORT,
+    RDZV_PORT_NAME,
+    SHM_DIR,
+    SHM_VOLUME,
+)
 
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 # torchrun reads its settings from PET_* variables; the trainer from the ConfigMap.
@@ -31,8 +40,8 @@ TERMINATION_GRACE_SECONDS = 300
 # default, 30 s, is too short for a save); the margin lets torchrun itself exit.
 SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - 30
 
-# Volume kinds.
-CONFIG_MAP, CLAIM, SCRATCH, MEMORY = "configMap", "claim", "scratch", "memory"
+# Volume kinds; OVERLAY is a volume of spec.podTemplate, which the plan only mounts.
+CONFIG_MAP, CLAIM, SCRATCH, MEMORY, OVERLAY = "configMap", "claim", "scratch", "memory", "overlay"
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,7 @@ class Volume:
 
     name: str
     mount_path: str
-    kind: str  # CONFIG_MAP, CLAIM, SCRATCH (an emptyDir) or MEMORY (an emptyDir in RAM)
+    kind: str  # CONFIG_MAP, CLAIM, SCRATCH (an emptyDir), MEMORY (an emptyDir in RAM) or OVERLAY
     source: Optional[str] = None  # the ConfigMap or the claim
     read_only: bool = False
 
@@ -82,6 +91,16 @@ def checkpoint_claim_name(job: Job) -> Optional[str]:
     return None
 
 
+def data_volume(job: Job) -> tuple[Volume, ...]:
+    """spec.data.volume, read-only: its claim as the pod volume `training-data`, or the mount of a pod overlay volume."""
+    spec = job.spec.data.volume
+    if spec is None:
+        return ()
+    if spec.claim_name is not None:
+        return (Volume(DATA_VOLUME, spec.mount_path, CLAIM, spec.claim_name, read_only=True),)
+    return (Volume(str(spec.volume), spec.mount_path, OVERLAY, read_only=True),)
+
+
 def volumes(job: Job) -> tuple[Volume, ...]:
     claim = checkpoint_claim_name(job)
     return (
@@ -89,6 +108,7 @@ def volumes(job: Job) -> tuple[Volume, ...]:
         # NCCL and DataLoader workers share memory through /dev/shm; the runtime's default is 64 MiB.
         Volume(SHM_VOLUME, SHM_DIR, MEMORY),
         Volume(CHECKPOINT_VOLUME, job.spec.checkpoint.mount_path, CLAIM if claim else SCRATCH, claim),
+        *data_volume(job),
     )
 
 

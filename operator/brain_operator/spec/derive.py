@@ -69,7 +69,7 @@ def _sections(spec: JobSpec, *, checkpoint_dir: Optional[str] = None, metrics_po
         model=spec.model,
         training=spec.training,
         distributed=replace(spec.distributed, num_nodes=spec.nodes),
-        data=spec.data,
+        data=spec.data.trainer_config(),
         checkpoint=spec.checkpoint.trainer_config(checkpoint_dir or spec.checkpoint.mount_path),
         metrics=MetricsConfig(port=metrics_port),
     )

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
-from brain_trainer.config import CheckpointConfig, TrainerSections
+from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
 from brain_trainer.schema import Names, setting
 
 from ..schedulers import GANG_MODES, GANG_NONE
@@ -33,7 +33,7 @@ from .kube import (
     SHARED_WRITE_MODES,
     SUBDOMAIN_PATTERN,
 )
-from .overlay import PodTemplateOverlay, job_problems
+from .overlay import PodTemplateOverlay, job_problems, within
 from .owned import CONFIG_DIR, SHM_DIR
 
 JOB_BACKENDS = ("elastic", "pytorchjob")
@@ -120,6 +120,40 @@ class CheckpointSpec(CheckpointConfig):
         """The trainer's part, with the checkpoint folder the operator derived."""
         own = {f.name: getattr(self, f.name) for f in dataclasses.fields(CheckpointConfig)}
         return CheckpointConfig(**{**own, "dir": folder})
+
+
+@dataclass
+class DataVolumeSpec:
+    """The volume holding the training data, mounted read-only in every worker."""
+
+    claim_name: Optional[str] = setting(None, pattern=SUBDOMAIN_PATTERN, help="a PersistentVolumeClaim holding the data")
+    volume: Optional[str] = setting(
+        None, pattern=SUBDOMAIN_PATTERN,
+        help="instead of a claim: the name of a volume in spec.podTemplate.spec.volumes (NFS, CSI, ...)",
+    )
+    mount_path: str = setting("/data", pattern=r"/.*", help="where the trainer sees it; data.path names a file or folder below")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if (self.claim_name is None) == (self.volume is None):
+            yield "claim_name", f"set either {name('claim_name')} or {name('volume')}"
+        if self.mount_path.rstrip("/") in ("", *POD_MOUNTS):
+            yield "mount_path", f"must not be {self.mount_path!r} (used by the pod itself)"
+
+
+@dataclass
+class DataSpec(DataConfig):
+    """The trainer's data settings, and the volume the data lives on."""
+
+    volume: Optional[DataVolumeSpec] = setting(None, help="mount a volume read-only for data.path")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        yield from super().check(name)
+        if self.volume is not None and self.path is not None and not within(self.path, self.volume.mount_path):
+            yield "path", f"must be {name('volume.mount_path')} ({self.volume.mount_path}) or lie below it, got {self.path!r}"
+
+    def trainer_config(self) -> DataConfig:
+        """The trainer's part."""
+        return DataConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DataConfig)})
 
 
 @dataclass
@@ -212,6 +246,8 @@ class RunPolicySpec:
 class JobSpec(TrainerSections):
     """Desired state of a BrainTrainingJob: the trainer's sections, then the operator's."""
 
+    data: DataSpec = field(default_factory=DataSpec)  # the trainer's DataConfig plus the data volume; keeps its place
+
     image: Optional[str] = setting(None, help="trainer image (required unless the operator has a default)")
     image_pull_policy: str = setting("IfNotPresent", choices=PULL_POLICIES)
     backend: str = setting("elastic", choices=JOB_BACKENDS, help="elastic: operator-managed pods; pytorchjob: Kubeflow")
@@ -227,8 +263,17 @@ class JobSpec(TrainerSections):
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         yield from super().check(name)
-        for path, message in job_problems(self.pod_template, self.checkpoint.mount_path, self.scheduling.priority_class_name):
+        volume = self.data.volume
+        data_mount = volume.mount_path if volume is not None else None
+        for path, message in job_problems(self.pod_template, self.checkpoint.mount_path, self.scheduling.priority_class_name,
+                                          data_mount):
             yield f"pod_template.{path}", message
+        if volume is not None:
+            if volume.volume is not None and volume.volume not in {v.get("name") for v in self.pod_template.spec.volumes}:
+                yield "data.volume.volume", f"{volume.volume!r} names no volume of {name('pod_template.spec.volumes')}"
+            data_mount, checkpoints = volume.mount_path, self.checkpoint.mount_path
+            if within(data_mount, checkpoints) or within(checkpoints, data_mount):
+                yield "data.volume.mount_path", f"must not overlap {name('checkpoint.mount_path')} ({self.checkpoint.mount_path})"
         if self.scheduling.gang != GANG_NONE and self.backend != "elastic":
             yield (
                 "scheduling.gang",

@@ -144,7 +144,8 @@ class PodTemplateOverlay:
     spec: PodSpecOverlay = field(default_factory=PodSpecOverlay)
 
 
-def job_problems(overlay: PodTemplateOverlay, checkpoint_mount: str, priority_class: Optional[str]) -> Iterator[tuple[str, str]]:
+def job_problems(overlay: PodTemplateOverlay, checkpoint_mount: str, priority_class: Optional[str],
+                 data_mount: Optional[str] = None) -> Iterator[tuple[str, str]]:
     """Rules across the overlay and the rest of the spec: `(path below podTemplate, message)`."""
     spec = overlay.spec
     if spec.priority_class_name is not None and priority_class is not None:
@@ -154,14 +155,15 @@ def job_problems(overlay: PodTemplateOverlay, checkpoint_mount: str, priority_cl
         return
     for j, mount in enumerate(spec.containers[index].get("volumeMounts") or []):
         path = mount.get("mountPath")
-        if isinstance(path, str) and any(_within(path, owned) for owned in (CONFIG_DIR, SHM_DIR, checkpoint_mount)):
+        owned = (CONFIG_DIR, SHM_DIR, checkpoint_mount, *([data_mount] if data_mount else []))
+        if isinstance(path, str) and any(within(path, mount) for mount in owned):
             yield (
                 f"spec.containers[{index}].volumeMounts[{j}].mountPath",
-                f"{path!r} is the trainer's own mount (the trainer config, shared memory or checkpoints)",
+                f"{path!r} is the trainer's own mount (the trainer config, shared memory, checkpoints or data)",
             )
 
 
-def _within(path: str, mount: str) -> bool:
+def within(path: str, mount: str) -> bool:
     inner, outer = PurePosixPath(path), PurePosixPath(mount)
     return inner == outer or outer in inner.parents
 
