@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from brain_trainer.memory import preset_checkpoint_bytes
+from brain_trainer.memory import planned_model, preset_checkpoint_bytes
 from brain_trainer.schema import ConfigError, FieldError
 
 from .events import WARNING, Event
@@ -38,7 +38,7 @@ def checkpoint_size(job: Job) -> Optional[int]:
     """Bytes of one committed checkpoint; None without checkpoints or for a user model (its size is unknown here)."""
     if not job.spec.checkpoint.enabled or job.spec.model.entrypoint:
         return None
-    return preset_checkpoint_bytes(job.spec.model.preset)
+    return preset_checkpoint_bytes(planned_model(job.spec.model))
 
 
 def room_needed(job: Job) -> Optional[tuple[int, int]]:

@@ -535,7 +535,7 @@ def rank_estimate(cfg: TrainerConfig, dist: DistributedConfig, world_size: int, 
         return None
     try:
         plan = plan_memory(
-            cfg.model.preset, dist.strategy, fsdp_sharding=dist.fsdp_sharding, precision=dist.mixed_precision_policy,
+            planned_model(cfg.model), dist.strategy, fsdp_sharding=dist.fsdp_sharding, precision=dist.mixed_precision_policy,
             micro_batch_size=cfg.training.micro_batch_size, seq_len=cfg.training.seq_len, world_size=world_size,
             activation_checkpointing=dist.activation_checkpointing,
             activation_checkpointing_every=dist.activation_checkpointing_every, cpu_offload=dist.cpu_offload,
@@ -545,7 +545,7 @@ def rank_estimate(cfg: TrainerConfig, dist: DistributedConfig, world_size: int, 
         return None
     if accelerator:
         return plan.total
-    return plan_host_memory(cfg.model.preset, plan, accelerator=False, async_checkpoint=cfg.checkpoint.async_save,
+    return plan_host_memory(planned_model(cfg.model), plan, accelerator=False, async_checkpoint=cfg.checkpoint.async_save,
                             checkpointing=cfg.checkpoint.enabled, data_workers=cfg.data.num_workers).total
 
 
