@@ -4,20 +4,31 @@
 implements them over the official `kubernetes` package's dynamic client, so
 one code path serves core kinds and custom resources (PyTorchJob) alike.
 Tests use an in-memory implementation of the same protocol.
+
+Each call is retried on 429, 5xx, timeouts and lost connections with
+jittered exponential backoff (honouring Retry-After) for a bounded time,
+then fails with `ApiUnavailable` naming the call; the handlers retry the
+whole job soon after (handlers.py). A create answered 409 AlreadyExists is
+"exists already"; any other 409 is a `Conflict`, on which reconcile re-reads
+and plans again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import time
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Protocol, TypeVar
 
+import urllib3
 from brain_trainer.contract import format_time
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError, ResourceNotFoundError
 
+from .backoff import Backoff, retry_after
 from .events import Event
 from .logs import job_logger
 from .names import JOB_NAME_LABEL, label_selector
@@ -27,8 +38,27 @@ MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "brain-operator"
 # The API server refuses longer event messages.
 EVENT_MESSAGE_LIMIT = 1024
+# Answers worth another try: throttled, or the server (or a proxy before it) failing for now.
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+CALL_BACKOFF = Backoff(base=0.2, cap=2.0)
+# How long one call keeps trying before the handlers' per-job retry takes over.
+CALL_DEADLINE_SECONDS = 15.0
+# A server that accepted the connection but does not answer is retried like one that refused it.
+REQUEST_TIMEOUT_SECONDS = 10.0
+# The 409 reason for a duplicate name; other 409s are conflicts.
+ALREADY_EXISTS = "AlreadyExists"
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
+
+
+class ApiUnavailable(RuntimeError):
+    """A call that kept failing with a retryable error until its time ran out; the message names the call."""
+
+
+class Conflict(RuntimeError):
+    """A create answered 409 for another reason than an existing name: re-read and plan again."""
 
 
 @dataclass(frozen=True, order=True)
@@ -37,11 +67,16 @@ class ObjectRef:
     kind: str
     namespace: str
     name: str
+    # The object seen, when known: a delete then removes that one and never a replacement of the same name.
+    uid: str = field(default="", compare=False)
 
     @classmethod
     def of(cls, obj: Mapping[str, Any]) -> "ObjectRef":
         meta = obj.get("metadata") or {}
-        return cls(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"])
+        return cls(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"], meta.get("uid") or "")
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
 
 
 class ClusterClient(Protocol):
@@ -57,10 +92,10 @@ class ClusterClient(Protocol):
         """Objects of one kind another controller made for a job (Kueue's Workloads); [] when the kind is not served."""
 
     def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create unless it exists; True when this call created it."""
+        """Create unless it exists; True when this call created it. Raises Conflict on any other 409."""
 
     def delete(self, ref: ObjectRef) -> None:
-        """Delete; an object already gone is fine."""
+        """Delete (only the object with ref.uid, when given); an object already gone is fine."""
 
     def patch(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
         """JSON merge patch of an object's spec or metadata."""
@@ -73,9 +108,20 @@ class ClusterClient(Protocol):
 
 
 class KubernetesClient:
-    """ClusterClient over a real API server (in-cluster config, else ~/.kube/config)."""
+    """ClusterClient over a real API server (in-cluster config, else ~/.kube/config).
 
-    def __init__(self, api_client: Any = None) -> None:
+    `sleep`, `clock` and `rng` are the retry loop's, replaceable in tests.
+    """
+
+    def __init__(
+        self,
+        api_client: Any = None,
+        *,
+        deadline: float = CALL_DEADLINE_SECONDS,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
         if api_client is None:
             try:
                 config.load_incluster_config()
@@ -83,56 +129,91 @@ class KubernetesClient:
                 config.load_kube_config()
             api_client = client.ApiClient()
         self._dynamic = DynamicClient(api_client)
+        self._deadline, self._sleep, self._clock, self._rng = deadline, sleep, clock, rng
 
     def _resource(self, api_version: str, kind: str) -> Any:
         return self._dynamic.resources.get(api_version=api_version, kind=kind)
 
+    def _call(self, what: str, call: Callable[[], T]) -> T:
+        """`call`, retried while the API server answers 429/5xx or not at all, until the deadline."""
+        give_up = self._clock() + self._deadline
+        attempt = 0
+        while True:
+            try:
+                return call()
+            except DynamicApiError as err:
+                if err.status not in RETRIED_STATUSES:
+                    raise
+                failure, asked = f"{err.status} {err.reason}", retry_after((err.headers or {}).get("Retry-After"))
+            except (urllib3.exceptions.HTTPError, OSError) as err:
+                failure, asked = f"{type(err).__name__}: {err}", None
+            wait = asked if asked is not None else CALL_BACKOFF.delay(attempt, self._rng)
+            attempt += 1
+            if self._clock() + wait > give_up:
+                raise ApiUnavailable(f"{what}: gave up after {attempt} attempt(s): {failure}")
+            log.debug("%s: %s; retrying in %.2f s", what, failure, wait)
+            self._sleep(wait)
+
     def get_job(self, namespace: str, name: str) -> Optional[dict]:
         try:
-            return self._resource(API_VERSION, KIND).get(name=name, namespace=namespace).to_dict()
+            return self._call(f"get {KIND} {namespace}/{name}", lambda: self._resource(API_VERSION, KIND).get(
+                name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS).to_dict())
         except NotFoundError:
             return None
 
     def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
         selector = label_selector({JOB_NAME_LABEL: job_name})
-        found = self._resource(api_version, kind).get(namespace=namespace, label_selector=selector)
+        found = self._call(f"list {kind} {namespace} -l {selector}", lambda: self._resource(api_version, kind).get(
+            namespace=namespace, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_SECONDS))
         return list(found.to_dict().get("items") or [])
 
     def list_objects(
         self, api_version: str, kind: str, namespace: str, *, label_selector: str = "", field_selector: str = ""
     ) -> list[dict]:
+        def call() -> Any:
+            return self._resource(api_version, kind).get(
+                namespace=namespace, label_selector=label_selector or None, field_selector=field_selector or None,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS)
+
         try:
-            resource = self._resource(api_version, kind)
+            found = self._call(f"list {kind} {namespace} {label_selector or field_selector}".rstrip(), call)
         except ResourceNotFoundError:
             return []  # e.g. Kueue is not installed
-        found = resource.get(namespace=namespace, label_selector=label_selector or None, field_selector=field_selector or None)
         return list(found.to_dict().get("items") or [])
 
     def create(self, obj: Mapping[str, Any]) -> bool:
         ref = ObjectRef.of(obj)
         try:
-            self._resource(ref.api_version, ref.kind).create(body=dict(obj), namespace=ref.namespace)
-        except ConflictError:
-            return False
+            self._call(f"create {ref}", lambda: self._resource(ref.api_version, ref.kind).create(
+                body=dict(obj), namespace=ref.namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS))
+        except ConflictError as err:
+            # A retry of a create the server carried out also lands here, as AlreadyExists.
+            if _status_reason(err) == ALREADY_EXISTS:
+                return False
+            raise Conflict(f"create {ref}: {err.summary()}") from err
         return True
 
     def delete(self, ref: ObjectRef) -> None:
+        body: dict[str, Any] = {"propagationPolicy": "Background"}
+        if ref.uid:
+            body["preconditions"] = {"uid": ref.uid}
         try:
-            self._resource(ref.api_version, ref.kind).delete(
-                name=ref.name, namespace=ref.namespace, body={"propagationPolicy": "Background"}
-            )
+            self._call(f"delete {ref}", lambda: self._resource(ref.api_version, ref.kind).delete(
+                name=ref.name, namespace=ref.namespace, body=body, _request_timeout=REQUEST_TIMEOUT_SECONDS))
         except NotFoundError:
             pass
+        except ConflictError:
+            pass  # the uid precondition failed: the object meant is gone, another of its name stays
 
     def patch(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
-        self._resource(ref.api_version, ref.kind).patch(
-            body=dict(body), name=ref.name, namespace=ref.namespace, content_type=MERGE_PATCH
-        )
+        self._call(f"patch {ref}", lambda: self._resource(ref.api_version, ref.kind).patch(
+            body=dict(body), name=ref.name, namespace=ref.namespace, content_type=MERGE_PATCH,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS))
 
     def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        self._resource(API_VERSION, KIND).status.patch(
-            body={"status": dict(patch)}, name=name, namespace=namespace, content_type=MERGE_PATCH
-        )
+        self._call(f"patch {KIND} {namespace}/{name} status", lambda: self._resource(API_VERSION, KIND).status.patch(
+            body={"status": dict(patch)}, name=name, namespace=namespace, content_type=MERGE_PATCH,
+            _request_timeout=REQUEST_TIMEOUT_SECONDS))
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         meta = job["metadata"]
@@ -156,7 +237,19 @@ class KubernetesClient:
             "count": 1,
         }
         try:
-            self._resource("v1", "Event").create(body=body, namespace=meta["namespace"])
-        except DynamicApiError as err:
+            self._call(f"create Event {meta['namespace']}/{event_name}", lambda: self._resource("v1", "Event").create(
+                body=body, namespace=meta["namespace"], _request_timeout=REQUEST_TIMEOUT_SECONDS))
+        except ConflictError:
+            pass  # a retry of a create the server carried out: posted once
+        except (DynamicApiError, ApiUnavailable) as err:
             # Events are commentary: losing one must not stop the job's reconcile.
             job_logger(log, meta["namespace"], meta["name"]).warning("could not post event %s: %s", event.reason, err)
+
+
+def _status_reason(err: DynamicApiError) -> str:
+    """The `reason` of the Status object an API error carries ("" when it carries none)."""
+    try:
+        status = json.loads(err.body or "{}")
+    except (TypeError, ValueError):
+        return ""
+    return status.get("reason", "") if isinstance(status, dict) else ""

@@ -1,12 +1,19 @@
 """kopf glue: every event about a BrainTrainingJob ends in the one `reconcile`.
 
 Creation, resume after an operator restart, spec changes (including
-`kubectl scale` and Kueue's suspend), any change to a worker pod and a
-periodic resync all call `reconcile_job`, which re-reads the job and
-reconciles it under a per-job lock: pod events and job events arrive on
-different kopf workers, and a stale copy of the status must never be
-written back (restarts only grow). The resync also copies rank 0's
-progress document (step, loss, throughput, last checkpoint) into status.
+`kubectl scale` and Kueue's suspend), any change to a child (a worker pod,
+or a Service deleted by hand) and a periodic resync all call
+`reconcile_job`, which re-reads the job and reconciles it under a per-job
+lock: child events and job events arrive on different kopf workers, and a
+stale copy of the status must never be written back (restarts only grow).
+The resync also copies rank 0's progress document (step, loss, throughput,
+last checkpoint) into status.
+
+Children are watched with a server-side label selector and kept in kopf
+indexes (children.py), which reconcile reads instead of listing. A pass
+that fails (the API server down, throttling past the client's retries) is
+tried again for that job after a short jittered backoff (`retry_forever`):
+kopf drops the errors of event handlers, and the resync is 30 s away.
 
 kopf keeps its bookkeeping in annotations under the `brain.ai/` prefix, not
 in `status`. There is no finalizer: children carry owner references and
@@ -21,6 +28,7 @@ import http.client
 import json
 import logging
 import threading
+import time
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -32,6 +40,8 @@ from brain_trainer.contract import METRICS_PORT, PROGRESS_PATH
 from brain_trainer.schema import ConfigError
 
 from . import __version__
+from .backoff import Backoff, JobRetries
+from .children import WATCH_SELECTOR, WATCHED, observed_child
 from .cluster import ClusterClient, KubernetesClient
 from .job_status import RUNNING
 from .logs import configure as configure_logging
@@ -40,7 +50,7 @@ from .metrics import OperatorMetrics
 from .names import JOB_NAME_LABEL
 from .pods import RUNNING as POD_RUNNING
 from .progress import changed, progress_status
-from .reconcile import POD, deletion_events, reconcile
+from .reconcile import POD, Observed, deletion_events, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults, parse_job
 
 log = logging.getLogger(__name__)
@@ -52,6 +62,8 @@ RESYNC_SECONDS = 30.0
 PROGRESS_TIMEOUT_SECONDS = 2.0
 # A progress document is a few hundred bytes; a worker answering more is not trusted with the operator's memory.
 PROGRESS_MAX_BYTES = 64 * 1024
+# A job whose reconcile failed is tried again after about 0.5, 1, 2, then every 3 s until it succeeds.
+JOB_RETRY_BACKOFF = Backoff(base=0.5, cap=3.0)
 
 
 def fetch_json(url: str) -> Optional[dict[str, Any]]:
@@ -92,6 +104,11 @@ class Context:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     clock: Callable[[], datetime] = utc_now
     fetch: Callable[[str], Optional[dict[str, Any]]] = fetch_json
+    # The children as the watches saw them (kopf's indexes, from startup); None lists them from the API server.
+    observed: Optional[Observed] = None
+    retries: JobRetries = field(default_factory=lambda: JobRetries(JOB_RETRY_BACKOFF))
+    # Tells `retry_forever` that a job was scheduled (set by it; callable from any thread).
+    wake: Callable[[], None] = lambda: None
     _jobs: set[tuple[str, str]] = field(default_factory=set)
     _locks: defaultdict = field(default_factory=lambda: defaultdict(threading.Lock))
     _guard: threading.Lock = field(default_factory=threading.Lock)
@@ -114,10 +131,58 @@ def reconcile_job(context: Context, namespace: str, name: str) -> Optional[dict[
     with context.lock(namespace, name), context.metrics.reconcile():
         manifest = context.client.get_job(namespace, name)
         context.remember(namespace, name, manifest is not None)
-        status = None if manifest is None else reconcile(manifest, context.client, context.clock(), context.defaults)
+        status = None if manifest is None else reconcile(
+            manifest, context.client, context.clock(), context.defaults, context.observed
+        )
         # Under the job's lock: a slower reconcile must not record its older phase after a newer one.
         context.metrics.observe_phase(namespace, name, None if status is None else status.get("phase"))
     return status
+
+
+def handle(context: Context, namespace: str, name: str) -> None:
+    """Reconcile for an event; a pass that fails is tried again for this job soon."""
+    # Known before its first read, which may fail: the resync includes it either way.
+    context.remember(namespace, name, True)
+    try:
+        reconcile_job(context, namespace, name)
+    except Exception:
+        delay = context.retries.failed((namespace, name), time.monotonic())
+        job_logger(log, namespace, name).exception("reconcile failed; trying again in %.1f s", delay)
+        context.wake()
+    else:
+        context.retries.succeeded((namespace, name))
+
+
+async def retry_forever(context: Context) -> None:
+    """Reconcile each job whose last pass failed again once its backoff is over."""
+    loop = asyncio.get_running_loop()
+    woken = asyncio.Event()
+    context.wake = lambda: loop.call_soon_threadsafe(woken.set)
+    while True:
+        try:
+            await asyncio.wait_for(woken.wait(), context.retries.wait(time.monotonic()))
+        except asyncio.TimeoutError:
+            pass
+        woken.clear()
+        due = context.retries.take_due(time.monotonic())
+        await asyncio.gather(*(asyncio.to_thread(handle, context, namespace, name) for namespace, name in due))
+
+
+def indexed(indexes: Mapping[tuple[str, str], kopf.Index]) -> Observed:
+    """Children from kopf's indexes by kind, copied out; None for a kind no index holds."""
+
+    def observed(namespace: str, name: str, kind: tuple[str, str]) -> Optional[list[dict]]:
+        index = indexes.get(kind)
+        if index is None:
+            return None
+        store = index.get((namespace, name), ())
+        while True:
+            try:
+                return list(store)
+            except RuntimeError:
+                continue  # the watch (on the event loop's thread) changed the store mid-copy: copy again
+
+    return observed
 
 
 def poll_progress(context: Context, namespace: str, name: str) -> None:
@@ -133,7 +198,8 @@ def poll_progress(context: Context, namespace: str, name: str) -> None:
             return  # edited into an invalid spec since its reconcile: the next one reports it
         if job.spec.backend != "elastic":
             return
-        pods = context.client.list_children(*POD, namespace, name)
+        watched = context.observed(namespace, name, POD) if context.observed is not None else None
+        pods = watched if watched is not None else context.client.list_children(*POD, namespace, name)
         # The first worker that answers is rank 0's: the others serve nothing.
         doc = next(filter(None, map(context.fetch, progress_urls(pods, METRICS_PORT))), None)
         new = progress_status(doc, status, now=context.clock(), mount_path=job.spec.checkpoint.mount_path)
@@ -142,19 +208,25 @@ def poll_progress(context: Context, namespace: str, name: str) -> None:
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
     # `kubectl describe btj` shows the operator's own events; kopf's "handler succeeded" only when it goes wrong.
     settings.posting.level = logging.WARNING
+    for api_version, _, plural, _ in WATCHED:
+        # Server-side: only our children reach the operator, not every pod of the cluster.
+        settings.watching.label_selectors[api_version, plural] = WATCH_SELECTOR
+    memo.context.observed = indexed({(api_version, kind): indices[index] for api_version, kind, _, index in WATCHED})
     memo.resync = asyncio.create_task(resync_forever(memo.context))
+    memo.retry = asyncio.create_task(retry_forever(memo.context))
 
 
 @kopf.on.cleanup()
 async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
     memo.resync.cancel()
+    memo.retry.cancel()
 
 
 async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> None:
@@ -165,7 +237,7 @@ async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> 
             try:
                 await asyncio.to_thread(reconcile_job, context, namespace, name)
                 await asyncio.to_thread(poll_progress, context, namespace, name)
-            except Exception:  # one broken job must not stop the others' resync
+            except Exception:  # one broken job must not stop the others' resync; the next resync tries again
                 job_logger(log, namespace, name).exception("resync failed")
 
 
@@ -174,12 +246,23 @@ async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> 
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def on_job(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    reconcile_job(memo.context, namespace, name)
+    handle(memo.context, namespace, name)
 
 
-@kopf.on.event("", "v1", "pods", labels={JOB_NAME_LABEL: kopf.PRESENT})
 def on_pod(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    reconcile_job(memo.context, namespace, labels[JOB_NAME_LABEL])
+    """Any change to a child, a worker pod or another (a Service deleted by hand comes back at once)."""
+    handle(memo.context, namespace, labels[JOB_NAME_LABEL])
+
+
+def index_child(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict]:
+    """A child under its job's (namespace, name), as much of it as reconcile reads."""
+    return {(namespace, labels[JOB_NAME_LABEL]): observed_child(body)}
+
+
+for _api_version, _, _plural, _index in WATCHED:
+    _ours = {JOB_NAME_LABEL: kopf.PRESENT}
+    kopf.index(_api_version, _plural, id=_index, labels=_ours)(index_child)
+    kopf.on.event(_api_version, _plural, id=f"{_index}_event", labels=_ours)(on_pod)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -68,6 +68,9 @@ class JobStatus:
     reason: Optional[str] = setting(
         None, help="why the latest worker failure happened, as the trainer named it (storage-full, out-of-memory, ...)"
     )
+    handled_failures: Optional[list[str]] = setting(
+        None, help="uids of the failed worker pods already counted (or retried free), while those pods exist"
+    )
     strategy: Optional[str] = setting(None, help="the parallelism strategy as resolved")
     effective_batch_size: Optional[int] = setting(None, minimum=1, help="sequences per optimizer step")
     progress: Optional[Progress] = setting(None, help="rank 0's latest progress document, as the operator last saw it change")

@@ -4,7 +4,9 @@
 exist, the previous status and `now`, it returns the writes to make and the
 new status. `apply` makes them through a ClusterClient. `reconcile` strings
 the two together and is what every kopf handler calls, so creation, resume,
-spec changes, pod events and the timer all follow one code path.
+spec changes, pod events and the timer all follow one code path. The
+children come from the operator's watches when it has them (children.py),
+else, and after a Conflict, from listing them.
 
 Idempotent by construction: a second pass over the same cluster plans no
 writes, and the status is patched only when it changed.
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence
 
 from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
-from .cluster import ClusterClient, ObjectRef
+from .accounting import still_handled, unhandled
+from .cluster import ClusterClient, Conflict, ObjectRef
 from .events import NORMAL, Event, compute_events
 from .failure_policy import WorkerFailure, consequence, explain, first_cause
 from .job_status import FAILED, SUCCEEDED, JobStatus
@@ -46,6 +49,11 @@ from .storage import StorageTooSmall, check_storage, unchecked_claim_event
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")
 PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+# Plans made again after a Conflict on create, each from children listed afresh.
+CONFLICT_REPLANS = 3
+
+# The children of one kind of one job as the watches last saw them, or None when that kind is not watched.
+Observed = Callable[[str, str, tuple[str, str]], Optional[list[dict]]]
 
 
 @dataclass(frozen=True)
@@ -61,9 +69,39 @@ class Plan:
 
 
 def reconcile(
-    manifest: Mapping[str, Any], client: ClusterClient, now: datetime, defaults: Optional[OperatorDefaults] = None
+    manifest: Mapping[str, Any],
+    client: ClusterClient,
+    now: datetime,
+    defaults: Optional[OperatorDefaults] = None,
+    observed: Optional[Observed] = None,
+) -> Optional[dict[str, Any]]:
+    """Bring one job's children and status in line with its spec; returns the new status.
+
+    On a Conflict the job is read again (its status may be written already)
+    and planned again from children listed afresh; None when it is gone.
+    """
+    replans = 0
+    while True:
+        try:
+            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None)
+        except Conflict:
+            replans += 1
+            if replans > CONFLICT_REPLANS:
+                raise
+            meta = manifest.get("metadata") or {}
+            fresh = client.get_job(meta.get("namespace", ""), meta.get("name", ""))
+            if fresh is None:
+                return None
+            manifest = fresh
+
+
+def _reconcile_once(
+    manifest: Mapping[str, Any],
+    client: ClusterClient,
+    now: datetime,
+    defaults: Optional[OperatorDefaults],
+    observed: Optional[Observed],
 ) -> dict[str, Any]:
-    """Bring one job's children and status in line with its spec; returns the new status."""
     previous = manifest.get("status") or {}
     try:
         job = parse_job(manifest, defaults=defaults)
@@ -74,11 +112,10 @@ def reconcile(
         the_plan = plan_invalid(manifest, err, now)
     else:
         desired = render(job)
-        children = [
-            child
-            for api_version, kind in watched_kinds(job, desired)
-            for child in client.list_children(api_version, kind, job.namespace, job.name)
-        ]
+        children = []
+        for kind in watched_kinds(job, desired):
+            seen = observed(job.namespace, job.name, kind) if observed is not None else None
+            children += seen if seen is not None else client.list_children(*kind, job.namespace, job.name)
         children += kueue_workloads(job, children, client)
         the_plan = plan(job, desired, children, previous, now)
     apply(the_plan, client, manifest)
@@ -86,18 +123,22 @@ def reconcile(
 
 
 def apply(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any]) -> None:
-    """Make the planned writes: deletions first, so a replaced pod's name is free again; events last."""
+    """Make the planned writes, the status first (accounting.py says why), then its events, then the children.
+
+    A status write that fails stops the pass before any pod is deleted;
+    deletions come before creations, so a replaced pod's name is free again.
+    """
+    if the_plan.status_patch:
+        meta = manifest.get("metadata") or {}
+        client.patch_status(meta.get("namespace", ""), meta.get("name", ""), the_plan.status_patch)
+    for event in the_plan.events:
+        client.post_event(manifest, event)
     for ref in the_plan.deletes:
         client.delete(ref)
     for obj in the_plan.creates:
         client.create(obj)
     for ref, body in the_plan.patches:
         client.patch(ref, body)
-    if the_plan.status_patch:
-        meta = manifest.get("metadata") or {}
-        client.patch_status(meta.get("namespace", ""), meta.get("name", ""), the_plan.status_patch)
-    for event in the_plan.events:
-        client.post_event(manifest, event)
 
 
 def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -199,6 +240,8 @@ def _plan_elastic(
     before = JobStatus.read(previous)
     restarts = before.restarts
     terminal = is_terminal(before)
+    failed_now = [existing[ref] for ref, p in live.items() if p.phase == FAILED]
+    new = {ObjectRef.of(pod) for pod in unhandled(failed_now, before.handled_failures or ())}
     if terminal:
         # Stop what still runs (a failed job's siblings); after the TTL, remove every pod.
         expired = _ttl_expired(before, policy.ttl_seconds_after_finished, now)
@@ -211,15 +254,12 @@ def _plan_elastic(
         failure = _deadline_failure(before, policy.active_deadline_seconds, now)
         # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
         fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in live.items() if p.phase == FAILED}
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, regroup)
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, regroup)
     creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
 
     gone = set(pod_plan.deletes)
     # A failed pod is reported once: when it is replaced, or when it ends the job.
-    reported = [
-        existing[ref] for ref, p in live.items()
-        if not terminal and p.phase == FAILED and (ref in gone or pod_plan.failure)
-    ]
+    reported = [existing[ref] for ref in live if not terminal and ref in new and (ref in gone or pod_plan.failure)]
     seen = Observation(
         generation=job.generation,
         desired=spec.nodes,
@@ -234,6 +274,7 @@ def _plan_elastic(
         selector=selector(job),
         queued=_kueue_reason(job, existing) if _all_gated(p for ref, p in live.items() if ref not in gone) else None,
         cause=pod_plan.cause,
+        handled_failures=still_handled(before.handled_failures or (), [existing[ref] for ref in pods], reported),
     )
     status = elastic_status(before, seen, now)
     return Plan(
@@ -254,21 +295,25 @@ def _plan_pods(
     restarts: int,
     failure: Optional[Failure],
     fates: Mapping[ObjectRef, WorkerFailure],
+    new: Collection[ObjectRef],
     regroup: Sequence[ObjectRef] = (),
 ) -> _PodPlan:
     """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes.
 
-    `fates` says why each failed pod failed and what the failure policy does:
-    a Restart counts against backoffLimit, a RestartNotCounted does not, a
-    FailJob ends the job. `regroup` pods are replaced too (deleted now,
-    created once gone), without counting as failures.
+    `fates` says why each failed pod failed and what runPolicy.failurePolicy
+    does: a Restart counts against backoffLimit, a RestartNotCounted does
+    not, a FailJob ends the job. Only `new` failures (accounting.py) cost
+    anything: an earlier pass handled the others before it failed to delete
+    them. `regroup` pods are replaced too (deleted now, created once gone),
+    without counting as failures.
     """
     limit = job.spec.run_policy.backoff_limit
     surplus = [ref for ref in live if ref not in wanted or ref in regroup]
     failed = [ref for ref, p in live.items() if ref in wanted and p.phase == FAILED]
-    counted = [ref for ref in failed if fates[ref].action == RESTART]
-    cause = first_cause([fates[ref] for ref in failed])
-    fatal = first_cause([fates[ref] for ref in failed if fates[ref].action == FAIL_JOB])
+    handling = [fates[ref] for ref in failed if ref in new]
+    counted = [ref for ref in failed if ref in new and fates[ref].action == RESTART]
+    cause = first_cause(handling)
+    fatal = first_cause([f for f in handling if f.action == FAIL_JOB])
     if failure is None and fatal is not None:
         failure = Failure(fatal.condition_reason, f"worker pod {fatal.text()}; {consequence(fatal)}")
     if failure is None and restarts + len(counted) > limit:

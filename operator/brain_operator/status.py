@@ -98,6 +98,8 @@ class Observation:
     queued: Optional[tuple[str, str]] = None
     # The worker failure this pass handled that explains the others (failure_policy.first_cause).
     cause: Optional[WorkerFailure] = None
+    # uids of the failed pods handled so far (accounting.py); None keeps the previous list.
+    handled_failures: Optional[Sequence[str]] = None
 
 
 def is_terminal(previous: JobStatus) -> bool:
@@ -156,6 +158,8 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
                    seen.strategy, seen.effective_batch_size)
     if seen.cause is not None and not is_terminal(before):
         out = replace(out, reason=seen.cause.reason)
+    if seen.handled_failures is not None:
+        out = replace(out, handled_failures=list(seen.handled_failures) or None)
     if not is_terminal(before):
         out = _moved(out, before, phase, _conditions(before, phase, reason, message, now, valid=_VALID), now)
     return out.to_dict()

@@ -22,18 +22,19 @@ NAMESPACED: Grants = {
     # reconcile: list, create, delete (failed, surplus, suspended, finished pods);
     # kopf watches them so pod changes refresh the job's status.
     ("", "pods"): frozenset({"list", "watch", "create", "delete"}),
-    # reconcile: list and create, so a deleted child comes back. Never deleted
+    # kopf watches them (children.py) so a child deleted by hand comes back at once;
+    # reconcile creates what is missing (and lists them after a Conflict). Never deleted
     # by the operator: owner references garbage-collect them with the job, and
     # a retained checkpoint claim outlives it.
-    ("", "services"): frozenset({"list", "create"}),
-    ("", "persistentvolumeclaims"): frozenset({"list", "create"}),
+    ("", "services"): frozenset({"list", "watch", "create"}),
+    ("", "persistentvolumeclaims"): frozenset({"list", "watch", "create"}),
     # The ConfigMap with trainer.yaml is also patched when a propagated spec field changes.
-    ("", "configmaps"): frozenset({"list", "create", "patch"}),
+    ("", "configmaps"): frozenset({"list", "watch", "create", "patch"}),
     # scheduling.gang: the job's PodGroup (Kubernetes', scheduler-plugins' or Volcano's),
-    # listed and created like the other children, garbage-collected with the job.
-    ("scheduling.k8s.io", "podgroups"): frozenset({"list", "create"}),
-    ("scheduling.x-k8s.io", "podgroups"): frozenset({"list", "create"}),
-    ("scheduling.volcano.sh", "podgroups"): frozenset({"list", "create"}),
+    # watched and created like the other children, garbage-collected with the job.
+    ("scheduling.k8s.io", "podgroups"): frozenset({"list", "watch", "create"}),
+    ("scheduling.x-k8s.io", "podgroups"): frozenset({"list", "watch", "create"}),
+    ("scheduling.volcano.sh", "podgroups"): frozenset({"list", "watch", "create"}),
     # ClusterClient.list_objects: Kueue's Workload of a job it holds back, for its reason (read only).
     ("kueue.x-k8s.io", "workloads"): frozenset({"list"}),
     # kopf's handler events and ours (phase transitions, worker failures): posted only.

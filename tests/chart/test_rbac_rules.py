@@ -166,13 +166,15 @@ def _needs(key, *verbs):
 
 def test_every_resource_kopf_serves_is_listed_watched_and_patched_when_handled():
     kopf_registry = kopf.get_default_registry()
-    served = {(h.selector.group, h.selector.any_name) for h in kopf_registry._watching.get_all_handlers()}
+    # Event handlers and indexes (children.py) both watch their resource.
+    watching = [*kopf_registry._watching.get_all_handlers(), *kopf_registry._indexing.get_all_handlers()]
+    served = {(h.selector.group, h.selector.any_name) for h in watching}
     # Change handlers and timers store kopf's progress and diff base in the object's annotations.
     handled = {
         (h.selector.group, h.selector.any_name)
         for h in [*kopf_registry._changing.get_all_handlers(), *kopf_registry._spawning.get_all_handlers()]
     }
-    assert ("brain.ai", "braintrainingjobs") in handled and ("", "pods") in served
+    assert ("brain.ai", "braintrainingjobs") in handled and ("", "pods") in served and ("", "services") in served
     for key in served | handled:
         _needs(key, "list", "watch")
     for key in handled:

@@ -91,6 +91,8 @@ class FakeCluster:
     def delete(self, ref: ObjectRef) -> None:
         if ref not in self.objects:
             return
+        if ref.uid and self.objects[ref]["metadata"].get("uid") != ref.uid:
+            return  # the uid precondition fails: the object meant is gone, another of its name stays
         self.writes.append(("delete", ref))
         if self.graceful_pod_deletion and ref.kind == "Pod":
             self.objects[ref]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"

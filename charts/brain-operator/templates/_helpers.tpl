@@ -106,19 +106,20 @@ holds the same list, derived from what brain_operator calls; a test keeps the tw
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
 # Per-job children (headless Service, trainer.yaml ConfigMap, checkpoint claim):
-# recreated when missing, garbage-collected through owner references (a
-# retained checkpoint claim is not: it outlives the job).
+# watched (a child deleted by hand comes back at once), recreated when missing,
+# garbage-collected through owner references (a retained checkpoint claim is
+# not: it outlives the job).
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
-  verbs: ["list", "create"]
+  verbs: ["list", "watch", "create"]
 # trainer.yaml: patched when a propagated spec field changes.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["list", "create", "patch"]
-# Gang scheduling (spec.scheduling.gang): one PodGroup per job, owned by it.
+  verbs: ["list", "watch", "create", "patch"]
+# Gang scheduling (spec.scheduling.gang): one PodGroup per job, owned by it, watched like the other children.
 - apiGroups: ["scheduling.k8s.io", "scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]
-  verbs: ["list", "create"]
+  verbs: ["list", "watch", "create"]
 # Kueue's reason for holding a queued job back, read from its Workload.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]

@@ -1,0 +1,76 @@
+"""The children the operator watches, and what of each it keeps in memory (pure).
+
+The operator keeps every watched child of every job in kopf indexes keyed
+by (namespace, job name), so a reconcile reads them from memory instead of
+listing them from the API server. The watches select server-side on the
+job label, so only our children reach the operator, and each child is kept
+as the few fields the plan, the status and the events read: a pod is a few
+hundred bytes instead of the several kilobytes the API server sends.
+
+PyTorchJobs are not watched (the Kubeflow backend is optional and its RBAC
+with it): reconcile lists them, as it lists Kueue's Workloads of a held job.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .names import JOB_NAME_LABEL
+from .schedulers import POD_GROUP_KINDS
+
+# (apiVersion, kind, plural, index name) of every watched child kind; the index name is kopf's handler id.
+WATCHED: tuple[tuple[str, str, str, str], ...] = (
+    ("v1", "Pod", "pods", "pod_children"),
+    ("v1", "Service", "services", "service_children"),
+    ("v1", "ConfigMap", "configmaps", "configmap_children"),
+    ("v1", "PersistentVolumeClaim", "persistentvolumeclaims", "claim_children"),
+    *(
+        (api_version, kind, "podgroups", f"{gang}_podgroup_children")
+        for gang, (api_version, kind) in sorted(POD_GROUP_KINDS.items())
+    ),
+)
+WATCHED_KINDS = frozenset((api_version, kind) for api_version, kind, _, _ in WATCHED)
+# The server-side selector of every watch: objects that carry the job label at all.
+WATCH_SELECTOR = JOB_NAME_LABEL
+
+_METADATA = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp")
+_POD_STATUS = ("phase", "reason", "message", "podIP")
+
+
+def observed_child(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a child the plan reads (plain dicts, detached from the watch's copy)."""
+    meta = body.get("metadata") or {}
+    out: dict[str, Any] = {
+        "apiVersion": body["apiVersion"],
+        "kind": body["kind"],
+        "metadata": {key: _plain(meta[key]) for key in _METADATA if meta.get(key) is not None},
+    }
+    if body["kind"] == "Pod":
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        if spec.get("schedulingGates"):
+            out["spec"] = {"schedulingGates": _plain(spec["schedulingGates"])}
+        kept = {key: status[key] for key in _POD_STATUS if status.get(key) is not None}
+        kept["conditions"] = [
+            {"type": c.get("type"), "status": c.get("status")} for c in status.get("conditions") or []
+        ]
+        kept["containerStatuses"] = [
+            {"name": c.get("name"), "state": {"terminated": _terminated(c["state"]["terminated"])}}
+            for c in status.get("containerStatuses") or []
+            if (c.get("state") or {}).get("terminated")
+        ]
+        out["status"] = kept
+    elif body["kind"] == "ConfigMap":
+        out["data"] = _plain(body.get("data") or {})
+    return out
+
+
+def _terminated(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: state[key] for key in ("exitCode", "reason", "message") if state.get(key) is not None}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

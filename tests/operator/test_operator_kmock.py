@@ -1,0 +1,266 @@
+"""The real kopf operator against kmock (issues 14 and 17): watches, indexes and API faults.
+
+kmock emulates the Kubernetes API over HTTP; the operator runs in-process
+with the real KubernetesClient. `FaultyEmulator` answers a duplicate create
+as the API server does (409 AlreadyExists) and injects faults: an answer
+instead of the call, or an error after the call was carried out.
+"""
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+import aiohttp.web
+import kmock
+import kopf
+import kubernetes.config.kube_config
+import pytest
+import yaml
+from test_handlers import NS, RESOURCES, VERBS, Emulator, first_event, manifest, pod_named
+
+from brain_operator import handlers
+from brain_operator.cluster import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, ObjectRef
+from brain_operator.names import JOB_NAME_LABEL
+from brain_operator.spec import API_VERSION, PLURAL, OperatorDefaults
+
+JOBS = f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}"
+PODS = f"/api/v1/namespaces/{NS}/pods"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+CONVERGED_WITHIN = 5.0
+
+
+@dataclass
+class Fault:
+    method: str
+    path: str  # a regular expression the request's path must match in full
+    status: int
+    times: int = 1
+    after: bool = False  # carry the call out, then answer the error
+    retry_after: Optional[str] = None
+
+
+class FaultyEmulator(Emulator):
+    def __attrs_post_init__(self):
+        super().__attrs_post_init__()
+        self.faults = []
+        self.served = []
+
+    def _take(self, request):
+        for fault in self.faults:
+            if fault.times and request.method == fault.method and re.fullmatch(fault.path, request.url.path):
+                fault.times -= 1
+                self.served.append((fault.method, request.url.path, fault.status))
+                return fault
+        return None
+
+    async def _handle(self, request):
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            # The API server gives every object a uid (kmock does not); failure accounting relies on it.
+            request.data.setdefault("metadata", {}).setdefault("uid", str(uuid.uuid4()))
+        fault = self._take(request)
+        if fault is not None and not fault.after:
+            return self._status(fault)
+        response = await super()._handle(request)
+        return self._status(fault) if fault is not None else response
+
+    @staticmethod
+    def _status(fault):
+        headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+        return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": fault.status,
+                                          "reason": "InternalError", "message": "injected"}, status=fault.status,
+                                         headers=headers)
+
+    async def _render_error(self, exc):
+        response = await super()._render_error(exc)
+        if getattr(exc, "status", None) == 409:  # kmock's duplicate name; the API server's reason is AlreadyExists
+            body = json.loads(response.body)
+            return aiohttp.web.json_response({**body, "reason": "AlreadyExists"}, status=409)
+        return response
+
+
+def serve_resources(km, tmp_path, monkeypatch):
+    """Our resources in kmock, and a kubeconfig that points the kubernetes client at it."""
+    for key, (kind, namespaced, subresources) in RESOURCES.items():
+        km.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(km.url).rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+    }))
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+
+
+@contextlib.asynccontextmanager
+async def operator(tmp_path, monkeypatch, **client_options):
+    """kmock serving our resources, and the kopf operator running against it; yields (kmock, waits asked)."""
+    async with FaultyEmulator() as km, kmock.Server(km):
+        serve_resources(km, tmp_path, monkeypatch)
+        waits = []
+
+        def sleep(seconds):  # the client's retry waits, recorded and really waited
+            waits.append(seconds)
+            time.sleep(seconds)
+
+        client = await asyncio.to_thread(KubernetesClient, sleep=sleep, **client_options)
+        settings = kopf.OperatorSettings()
+        settings.scanning.disabled = True
+        stop = asyncio.Event()
+        task = asyncio.create_task(kopf.operator(
+            settings=settings, standalone=True, namespaces=[NS], stop_flag=stop,
+            memo=kopf.Memo(context=handlers.Context(client=client, defaults=OperatorDefaults(image="img:1"))),
+        ))
+        try:
+            created = await km.post(JOBS, json=manifest(meta={"uid": "uid-1", "generation": 1, "resourceVersion": "1"}))
+            assert created.status == 200
+            await first_event(km, PODS, pod_named("demo-worker-0"))
+            await first_event(km, PODS, pod_named("demo-worker-1"))
+            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Pending")
+            yield km, waits
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+
+def is_kopf(request):
+    return request.headers.get("User-Agent", "").startswith("kopf/")
+
+
+def is_cluster_client(request):
+    """A call of brain_operator.cluster.KubernetesClient (the kubernetes package's user agent)."""
+    return request.headers.get("User-Agent", "").startswith("OpenAPI-Generator/")
+
+
+async def set_pod(km, name, phase, *, ready=False, exit_code=None):
+    status = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if exit_code is not None:
+        status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": exit_code}}}]
+    response = await km.patch(f"{PODS}/{name}/status", json={"status": status}, headers=MERGE)
+    assert response.status == 200
+
+
+async def objects(km, path):
+    response = await km.get(path)
+    return (await response.json())["items"]
+
+
+def test_children_are_watched_with_a_server_side_selector_and_a_steady_reconcile_lists_nothing(tmp_path, monkeypatch):
+    async def scenario():
+        async with operator(tmp_path, monkeypatch) as (km, _):
+            await set_pod(km, "demo-worker-0", "Running")
+            await set_pod(km, "demo-worker-1", "Running")
+            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running"
+                              and "brain.ai/last-handled-configuration" in o["metadata"].get("annotations", {}))
+            # Events follow the status write: wait for the transition's too.
+            await first_event(km, f"/api/v1/namespaces/{NS}/events", lambda e: e.get("reason") == "Running")
+            mark = len(list(km))
+            # A pod becomes ready: its event reaches reconcile, which reads the children from the indexes.
+            await set_pod(km, "demo-worker-1", "Running", ready=True)
+            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("nodes") == "1/2")
+            return list(km), mark
+
+    requests, mark = asyncio.run(scenario())
+    watches = {r.resource.plural: r.params.get("labelSelector") for r in requests if is_kopf(r) and r.action == kmock.action.WATCH}
+    for plural in ("pods", "services", "configmaps", "persistentvolumeclaims"):
+        assert watches[plural] == JOB_NAME_LABEL, plural
+    assert watches[PLURAL] is None  # the jobs themselves: every one
+    # The operator's cluster client since: each reconcile (one per pod event) reads the job and lists
+    # nothing; the one that saw the readiness change patched the status once.
+    steady = [(r.method, r.url.path) for r in requests[mark:] if is_cluster_client(r)]
+    assert set(steady) == {("GET", f"{JOBS}/demo"), ("PATCH", f"{JOBS}/demo/status")}
+    assert steady.count(("PATCH", f"{JOBS}/demo/status")) == 1
+
+
+@pytest.mark.parametrize("kind, plural", [("Service", "services"), ("ConfigMap", "configmaps")])
+def test_a_child_deleted_by_hand_is_back_within_5_s(tmp_path, monkeypatch, kind, plural):
+    async def scenario():
+        async with operator(tmp_path, monkeypatch) as (km, _):
+            path = f"/api/v1/namespaces/{NS}/{plural}"
+            (child,) = await objects(km, path)
+            response = await km.delete(f"{path}/{child['metadata']['name']}")
+            assert response.status == 200
+            assert await objects(km, path) == []
+            return await first_event(km, path, lambda o: o["metadata"]["name"] == child["metadata"]["name"],
+                                     timeout=CONVERGED_WITHIN)
+
+    back = asyncio.run(scenario())
+    assert back["kind"] == kind and back["metadata"]["labels"][JOB_NAME_LABEL] == "demo"
+
+
+def test_a_worker_failure_under_api_faults_is_counted_and_reported_once(tmp_path, monkeypatch):
+    async def scenario():
+        async with operator(tmp_path, monkeypatch) as (km, waits):
+            await set_pod(km, "demo-worker-0", "Running", ready=True)
+            await set_pod(km, "demo-worker-1", "Running", ready=True)
+            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
+            failed_uid = (await (await km.get(f"{PODS}/demo-worker-1")).json())["metadata"]["uid"]
+            km.faults += [
+                Fault("PATCH", f"{JOBS}/demo/status", 500, times=2),  # the status write fails twice
+                Fault("DELETE", f"{PODS}/demo-worker-1", 500, after=True),  # deleted, then answered 500
+                Fault("POST", PODS, 429, retry_after="1"),  # the replacement's create is throttled
+            ]
+            await set_pod(km, "demo-worker-1", "Failed", exit_code=1)
+            restarted = await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("restarts") == 1,
+                                          timeout=CONVERGED_WITHIN)
+            # The replacement: a pod of that name that has not failed.
+            await first_event(km, PODS, lambda o: o["metadata"]["name"] == "demo-worker-1"
+                                      and (o.get("status") or {}).get("phase") != "Failed", timeout=CONVERGED_WITHIN)
+            await first_event(km, JOBS, lambda o: not (o.get("status") or {}).get("handledFailures"),
+                              timeout=CONVERGED_WITHIN)
+            events = [e for e in await objects(km, f"/api/v1/namespaces/{NS}/events") if e["reason"] == "WorkerFailed"]
+            return km.served, waits, restarted, events, failed_uid
+
+    served, waits, restarted, events, failed_uid = asyncio.run(scenario())
+    assert [status for _, _, status in served] == [500, 500, 500, 429]
+    assert 1.0 in waits  # Retry-After honoured
+    # Counted and recorded in one status write; the uid left the list once its pod was gone.
+    assert restarted["status"]["restarts"] == 1 and restarted["status"]["handledFailures"] == [failed_uid]
+    assert len(events) == 1 and "demo-worker-1" in events[0]["message"]
+
+
+async def served_client(tmp_path, monkeypatch, km, **options):
+    """The real KubernetesClient against `km`, its retry waits recorded on a clock of their own."""
+    serve_resources(km, tmp_path, monkeypatch)
+    clock = [0.0]
+    waits = []
+
+    def sleep(seconds):  # time passes only on the client's own clock: no test waits for real
+        waits.append(seconds)
+        clock[0] += seconds
+
+    client = await asyncio.to_thread(KubernetesClient, sleep=sleep, clock=lambda: clock[0], **options)
+    return client, waits
+
+
+def config_map(name="cm"):
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS}, "data": {}}
+
+
+def test_the_client_retries_throttling_and_errors_and_tells_already_exists_from_conflict(tmp_path, monkeypatch):
+    async def scenario():
+        async with FaultyEmulator() as km, kmock.Server(km):
+            client, waits = await served_client(tmp_path, monkeypatch, km)
+            path = f"/api/v1/namespaces/{NS}/configmaps"
+            km.faults += [Fault("POST", path, 429, retry_after="7"), Fault("POST", path, 503, times=2)]
+            created = await asyncio.to_thread(client.create, config_map())
+            again = await asyncio.to_thread(client.create, config_map())
+            km.faults.append(Fault("POST", path, 409))  # a conflict that is not a duplicate name
+            with pytest.raises(Conflict, match="create ConfigMap default/other"):
+                await asyncio.to_thread(client.create, config_map("other"))
+            km.faults.append(Fault("PATCH", f"{path}/cm", 500, times=1000))
+            with pytest.raises(ApiUnavailable, match=r"^patch ConfigMap default/cm: gave up after \d+ attempt\(s\): 500"):
+                await asyncio.to_thread(client.patch, ObjectRef("v1", "ConfigMap", NS, "cm"), {"data": {"a": "1"}})
+            return created, again, waits
+
+    created, again, waits = asyncio.run(scenario())
+    assert created is True and again is False  # a second create of the same name is "exists already"
+    # Retry-After is honoured as asked; then jittered exponential waits, within the call's deadline.
+    assert waits[0] == 7.0 and 0.2 <= waits[1] <= 0.4 and 0.4 <= waits[2] <= 0.8
+    patch_waits = waits[3:]
+    assert sum(patch_waits) <= CALL_DEADLINE_SECONDS and max(patch_waits) <= 2.0
