@@ -23,6 +23,7 @@ from . import __version__
 from .local_plan import LocalRunError
 from .logs import LOG_FORMATS
 from .spec import JOB_BACKENDS, OperatorDefaults, parse_job
+from .storage import check_storage
 
 __all__ = ["main"]
 
@@ -75,6 +76,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     manifest = load_manifest(args.file)
     job = parse_job(manifest, require_image=not args.local, defaults=OperatorDefaults.from_env())
+    check_storage(job)
     print(f"{args.file}: valid BrainTrainingJob {job.name!r} ({job.spec.nodes} x {job.spec.nproc_per_node} processes)")
     return 0
 
@@ -83,6 +85,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate_lines
 
     job = parse_job(load_manifest(args.file), require_image=False)
+    check_storage(job)
     print("\n".join(estimate_lines(job, device_memory_gib=args.device_memory)))
     return 0
 

@@ -83,6 +83,8 @@ def build_crd() -> dict[str, Any]:
         {"name": "Restarts", "type": "integer", "priority": 1, "jsonPath": ".status.restarts"},
         {"name": "Goodput", "type": "number", "priority": 1, "description": "productive over wall time",
          "jsonPath": ".status.goodput.ratio"},
+        {"name": "Reason", "type": "string", "priority": 1, "description": "why the latest worker failed",
+         "jsonPath": ".status.reason"},
         {"name": "Backend", "type": "string", "priority": 1, "jsonPath": ".spec.backend"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

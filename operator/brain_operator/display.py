@@ -92,6 +92,7 @@ class RunSummary:
     checkpoint: Optional[str]
     restarts: int
     message: str = ""
+    reason: str = ""  # why the run failed, as the trainer named it: `storage-full: <line>`
     eval_loss: Optional[float] = None
     first_eval_loss: Optional[float] = None
     goodput: Optional[Goodput] = None
@@ -115,6 +116,7 @@ def summary_lines(s: RunSummary) -> list[str]:
         evaluated = [f"eval loss:   {_loss(s.eval_loss)} (perplexity {perplexity(s.eval_loss):,.1f}{first})"]
     return [
         f"status:      {s.status}" + (f" ({s.message})" if s.message else ""),
+        *([f"reason:      {s.reason}"] if s.reason else []),
         f"steps:       {'-' if s.step is None else s.step}/{s.total_steps}",
         f"final loss:  {_loss(s.loss)}{fell}",
         *evaluated,

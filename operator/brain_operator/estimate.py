@@ -4,13 +4,13 @@ For the job's model, precision, micro-batch, sequence length and world size:
 the per-rank device breakdown of the strategy the job asks for, the strategy
 `strategy: auto` would pick, every option the planner tries, and the host
 memory per rank of the strategy the job will run, with the pod memory request
-that covers it (compared with `spec.resources.requests.memory`).
+that covers it (compared with `spec.resources.requests.memory`), and the room
+its checkpoints need (storage.py).
 """
 
 from __future__ import annotations
 
 import math
-import re
 
 from brain_trainer.memory import (
     GIB,
@@ -25,6 +25,8 @@ from brain_trainer.memory import (
 from brain_trainer.schema import ConfigError, FieldError
 
 from .spec import Job, trainer_config, world_size
+from .spec.kube import quantity_value
+from .storage import storage_lines
 
 __all__ = ["DEFAULT_DEVICE_MEMORY_GIB", "estimate_lines", "host_plan", "quantity_bytes"]
 
@@ -32,18 +34,13 @@ __all__ = ["DEFAULT_DEVICE_MEMORY_GIB", "estimate_lines", "host_plan", "quantity
 DEFAULT_DEVICE_MEMORY_GIB = 80.0
 MEMORY_REQUEST = "spec.resources.requests.memory"
 
-# Kubernetes quantity suffixes (resource.Quantity): binary, decimal, and milli.
-_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?")
-_SCALE = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-          "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
 
 def quantity_bytes(value: int | str) -> float:
     """A Kubernetes memory quantity (`900Gi`, `1.5G`, `2048`) in bytes."""
-    match = _QUANTITY.fullmatch(str(value))
-    if not match:
+    size = quantity_value(value)
+    if size is None:
         raise ConfigError([FieldError(MEMORY_REQUEST, f"not a memory quantity such as 8Gi: {value!r}")])
-    return float(match.group(1)) * _SCALE[match.group(2)]
+    return size
 
 
 def _device_memory(device_memory_gib: float | None) -> int:
@@ -140,5 +137,5 @@ def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[
         mark = "fits" if tried.fits(memory) else "too big"
         lines.append(f"  {str(option):<58}{tried.total / GIB:9.2f}  {mark}")
     host = host_plan(job, device_memory_gib=device_memory_gib)
-    lines += ["", host.summary(), _request_verdict(job, host)]
+    lines += ["", host.summary(), _request_verdict(job, host), "", *storage_lines(job)]
     return lines

@@ -1,8 +1,10 @@
 """Kubernetes Events worth posting on a BrainTrainingJob (pure).
 
 One event per phase transition and one per worker failure, carrying the
-pod's exit code and reason (OOMKilled, Error, Evicted, ...), so `kubectl
-describe btj` tells the story without digging through pods.
+pod's exit code and Kubernetes' reason (OOMKilled, Error, Evicted, ...), the
+trainer's own reason and line (failure_policy.py), and what the failure
+policy does about it, so `kubectl describe btj` tells the story without
+digging through pods.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from .failure_policy import consequence, explain
 from .job_status import FAILED, RESTARTING
-from .pods import is_disruption, terminated_states, true_condition
+from .pods import terminated_states, true_condition
+from .spec.model import FailurePolicySpec
 
 NORMAL, WARNING = "Normal", "Warning"
 
@@ -29,7 +33,6 @@ class PodExit:
 
     reason: str
     exit_code: Optional[int]
-    message: str
 
 
 def pod_exit(pod: Mapping[str, Any]) -> PodExit:
@@ -37,17 +40,15 @@ def pod_exit(pod: Mapping[str, Any]) -> PodExit:
     terminated = next(iter(terminated_states(pod)), {})
     # A pod-level reason (Evicted, Preempted) explains more than the container's.
     reason = status.get("reason") or terminated.get("reason") or "Error"
-    message = (status.get("message") or terminated.get("message") or "").strip()
-    return PodExit(reason=reason, exit_code=terminated.get("exitCode"), message=message)
+    return PodExit(reason=reason, exit_code=terminated.get("exitCode"))
 
 
-def worker_failure_event(pod: Mapping[str, Any]) -> Event:
-    name = (pod.get("metadata") or {}).get("name", "?")
-    ended = pod_exit(pod)
+def worker_failure_event(pod: Mapping[str, Any], policy: FailurePolicySpec) -> Event:
+    ended, failure = pod_exit(pod), explain(pod, policy)
     code = "no exit code" if ended.exit_code is None else f"exit code {ended.exit_code}"
-    retry = "; retried without counting against backoffLimit" if is_disruption(pod) else ""
-    detail = f": {ended.message}" if ended.message else ""
-    return Event(WARNING, "WorkerFailed", f"worker pod {name} ended with {ended.reason} ({code}){retry}{detail}")
+    return Event(WARNING, "WorkerFailed",
+                 f"worker pod {failure.pod} ended with {ended.reason} ({code}): {failure.reason}: {failure.line}; "
+                 f"{consequence(failure)}")
 
 
 def phase_event(previous_phase: Optional[str], phase: Optional[str], message: str = "") -> Optional[Event]:
@@ -59,10 +60,12 @@ def phase_event(previous_phase: Optional[str], phase: Optional[str], message: st
 
 
 def compute_events(
-    previous: Mapping[str, Any], status: Mapping[str, Any], failed_pods: Iterable[Mapping[str, Any]]
+    previous: Mapping[str, Any], status: Mapping[str, Any], failed_pods: Iterable[Mapping[str, Any]],
+    policy: Optional[FailurePolicySpec] = None,
 ) -> list[Event]:
-    """Events for one reconcile: its newly handled worker failures, then the phase change if any."""
-    events = [worker_failure_event(pod) for pod in failed_pods]
+    """Events for one reconcile: its newly handled worker failures (judged by `policy`, default: the defaults),
+    then the phase change if any."""
+    events = [worker_failure_event(pod, policy or FailurePolicySpec()) for pod in failed_pods]
     transition = phase_event(previous.get("phase"), status.get("phase"), _phase_message(status))
     if transition is not None:
         events.append(transition)

@@ -67,6 +67,9 @@ class JobStatus:
     nodes: Optional[str] = setting(None, help="ready/desired workers, for the Nodes column")
     selector: Optional[str] = setting(None, help="label selector of the worker pods (scale subresource)")
     restarts: int = setting(0, minimum=0, help="worker pods replaced after failures; never decreases")
+    reason: Optional[str] = setting(
+        None, help="why the latest worker failure happened, as the trainer named it (storage-full, out-of-memory, ...)"
+    )
     handled_failures: Optional[list[str]] = setting(
         None, help="uids of the failed worker pods already counted (or retried free), while those pods exist"
     )

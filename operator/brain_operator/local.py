@@ -5,9 +5,11 @@ backend's worker plan -> local plan -> start one torchrun agent per worker pod, 
 its own session like a container, so a terminal's Ctrl-C reaches only the
 runner. A failed worker pod ends the others as Kubernetes deletes pods
 (SIGTERM, a grace period, SIGKILL) and the whole group restarts from the
-newest committed checkpoint, within `runPolicy.backoffLimit`, as the
-operator recreates failed pods; a preemption (exit PREEMPTED) does not
-count. Ctrl-C or SIGTERM is passed on the same way: the trainers commit a
+newest committed checkpoint, as the operator recreates failed pods: the
+trainers' termination messages name the reason, and
+`runPolicy.failurePolicy` says whether it restarts (counted against
+`runPolicy.backoffLimit` or not) or fails the run at once; the summary names
+the reason. Ctrl-C or SIGTERM is passed on the same way: the trainers commit a
 checkpoint and exit. On Linux the runner adopts the trainers of an agent
 that died abruptly (torchrun starts them in sessions of their own) and ends
 them with their pod, so nothing outlives it.
@@ -31,10 +33,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, TextIO
 
 from brain_trainer.checkpoint.store import Candidate, list_checkpoints
-from brain_trainer.contract import CONFIG_FILE, PREEMPTED, PROGRESS_FILE_ENV, Progress, format_time
+from brain_trainer.contract import CONFIG_FILE, ERROR, PROGRESS_FILE_ENV, Progress, cause_rank, format_time, parse_termination
 from brain_trainer.launcher import free_port
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
+from .failure_policy import WorkerFailure, consequence
 from .local_plan import (
     LocalPlan,
     LocalRunError,
@@ -45,7 +48,9 @@ from .local_plan import (
     process_env,
 )
 from .spec import parse_job
+from .spec.model import FAIL_JOB, RESTART
 from .stalled import quiet
+from .storage import check_storage, local_shortfall
 
 __all__ = ["free_port", "newest_committed", "planner", "request_checkpoint", "run_job"]
 
@@ -129,9 +134,7 @@ class _Group:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
         for worker in plan.workers:
-            # So does a container's termination message.
-            worker.termination_log.parent.mkdir(parents=True, exist_ok=True)
-            worker.termination_log.unlink(missing_ok=True)
+            worker.termination_log.unlink(missing_ok=True)  # so is a container's termination message
         self.procs: list[subprocess.Popen] = []
         self.readers: list[threading.Thread] = []
         try:
@@ -216,6 +219,8 @@ class _Runner:
         # When the current group started, and whether it is shown as stalled (stalled.py's limits).
         self.running_since = datetime.now(timezone.utc)
         self.stalled = False
+        # Why the latest attempt failed (`reason: line`), for the summary.
+        self.reason = ""
 
     def request_stop(self, signum: int, _frame: object = None) -> None:
         # A second Ctrl-C: stop waiting for the checkpoint.
@@ -236,7 +241,8 @@ class _Runner:
 
     def _watch_stall(self, doc: Optional[Progress]) -> None:
         """Say once when the trainers stop reporting progress for longer than the job allows, and when they resume."""
-        seen = quiet(self.plan.watchdog, self.plan.log_interval, doc, self.running_since, datetime.now(timezone.utc),
+        spec = self.plan.job.spec
+        seen = quiet(spec.watchdog, spec.training.log_interval, doc, self.running_since, datetime.now(timezone.utc),
                      slack=STALL_SLACK_SECONDS)
         stalled = seen is not None and seen.seconds > seen.limit
         if stalled and not self.stalled:
@@ -246,8 +252,8 @@ class _Runner:
             self.display.note(f"progress again at step {doc.step if doc is not None else 0}")
         self.stalled = stalled
 
-    def _attempt(self, plan: LocalPlan) -> Optional[tuple[str, int]]:
-        """Run one group to its end: None when every pod succeeded, else the first failed pod and its code.
+    def _attempt(self, plan: LocalPlan) -> Optional[WorkerFailure]:
+        """Run one group to its end: None when every pod succeeded, else the failure that explains it best.
 
         A failed pod or a stop request ends the others as Kubernetes deletes
         pods: SIGTERM (the trainers commit a checkpoint if they can), a grace
@@ -255,28 +261,32 @@ class _Runner:
         """
         group = _Group(plan, self.lines, self.adopting)
         self.running_since = datetime.now(timezone.utc)
-        failure: Optional[tuple[str, int]] = None
+        failed: list[tuple[LocalWorker, int]] = []  # the pods whose failure ended the group
         ending_since: Optional[float] = None
         try:
             while True:
                 self._refresh()
                 codes = group.codes()
-                if failure is None:
-                    failure = next(((w.name, c) for w, c in zip(plan.workers, codes) if c not in (None, 0)), None)
-                if ending_since is None and (failure is not None or self.stop_signal is not None):
+                if not failed:
+                    failed = [(w, c) for w, c in zip(plan.workers, codes) if c not in (None, 0)]
+                if ending_since is None and (failed or self.stop_signal is not None):
                     ending_since = time.monotonic()
                     if self.stop_signal is not None:
                         self.display.note("stopping: the trainers commit a checkpoint first")
                     group.terminate()
-                if all(c is not None for c in codes):
-                    return failure
-                if ending_since is not None and (self.hurry or time.monotonic() - ending_since > STOP_GRACE_SECONDS):
-                    return failure
+                if all(c is not None for c in codes) or (
+                    ending_since is not None and (self.hurry or time.monotonic() - ending_since > STOP_GRACE_SECONDS)
+                ):
+                    break
                 self.wake.wait(POLL_SECONDS)
                 self.wake.clear()
         finally:
             group.kill()
             self._refresh()
+        # The pods that failed first, and any pod whose trainer named a reason (a stopped peer says `preempted`).
+        first = {w.name for w, _ in failed}
+        named = [(w, c) for w, c in zip(plan.workers, group.codes()) if w.name not in first and _said(w)]
+        return min((_failure(w, c, plan) for w, c in failed + named), key=lambda f: cause_rank(f.reason), default=None)
 
     def run(self) -> tuple[str, int, str]:
         """Attempts until success, a stop, or the spent budget: (status, restarts, message)."""
@@ -288,12 +298,14 @@ class _Runner:
                 return "Stopped", restarts, f"{signal.Signals(self.stop_signal).name}; rerun to continue"
             if failure is None:
                 return "Succeeded", restarts, ""
-            name, code = failure
-            failures += code != PREEMPTED
+            self.reason = f"{failure.reason}: {failure.line}"
+            if failure.action == FAIL_JOB:
+                return "Failed", restarts, f"{failure.pod} failed; {consequence(failure)}"
+            failures += failure.action == RESTART
             if failures > plan.backoff_limit:
-                return "Failed", restarts, f"{name} exited with {code}; backoffLimit {plan.backoff_limit} spent"
+                return "Failed", restarts, f"{failure.pod} failed; backoffLimit {plan.backoff_limit} spent"
             restarts += 1
-            self.display.note(f"{name} exited with {code}: restarting all workers from the newest checkpoint")
+            self.display.note(f"{failure.text()}; {consequence(failure)}: restarting all workers from the newest checkpoint")
             # A fresh rendezvous port: the old store's port may still be held.
             plan = self.plan_for(free_port())
 
@@ -311,6 +323,19 @@ def request_checkpoint(workdir: Path) -> str:
     staged.write_text(request + "\n")
     staged.replace(path)  # the trainer never reads half a request
     return request
+
+
+def _said(worker: LocalWorker) -> Optional[tuple[str, str]]:
+    """(reason, line) the worker's trainers wrote as its termination message, if any."""
+    try:
+        return parse_termination(worker.termination_log.read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+def _failure(worker: LocalWorker, code: int, plan: LocalPlan) -> WorkerFailure:
+    reason, line = _said(worker) or (ERROR, f"exit code {code}, no reason from the trainer")
+    return WorkerFailure(worker.name, reason, line, plan.job.spec.run_policy.failure_policy.action(reason))
 
 
 def newest_committed(root: Path) -> Optional[Candidate]:
@@ -339,6 +364,7 @@ def run_job(
     """Run the job's workers locally; the exit code is 0 only when it succeeded."""
     plan_for = planner(manifest, base_dir=base_dir, workdir=workdir, claims=claims)
     plan = plan_for(free_port())
+    check_storage(plan.job)
     if importlib.util.find_spec("torch") is None:
         raise LocalRunError("braintrain run needs torch here: pip install 'brain-train[trainer]'")
     done = newest_committed(plan.checkpoint_dir)
@@ -350,6 +376,10 @@ def run_job(
         )
         return 0
     _prepare(plan)
+    # Before any step is computed: a folder without room for the next checkpoint fails now.
+    short = local_shortfall(plan.job, free=shutil.disk_usage(plan.checkpoint_dir).free, folder=str(plan.checkpoint_dir))
+    if short is not None:
+        raise LocalRunError(short)
     display = make_display(stream, job_name=plan.job_name, total_steps=plan.total_steps)
     if done is not None:
         display.note(f"resuming {plan.job_name} from {done.path} (step {done.step} of {plan.total_steps})")
@@ -375,6 +405,7 @@ def run_job(
         checkpoint=str(last.path) if last else None,
         restarts=restarts,
         message=message,
+        reason=runner.reason if status == "Failed" else "",
         eval_loss=doc.eval_loss if doc else None,
         first_eval_loss=runner.first_eval_loss,
         goodput=doc.goodput if doc else None,

@@ -22,9 +22,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional
 
-from brain_trainer.contract import CHECKPOINT_REQUEST_FILE, CONFIG_FILE, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, PROGRESS_FILE_ENV, TERMINATION_LOG_ENV
-
-from brain_trainer.config import WatchdogConfig
+from brain_trainer.contract import (
+    CHECKPOINT_REQUEST_FILE,
+    CONFIG_FILE,
+    LAUNCH_ENV_KEYS,
+    LAUNCH_ENV_PREFIXES,
+    PROGRESS_FILE_ENV,
+    TERMINATION_LOG_ENV,
+)
 
 from .names import workers_service_name
 from .render.workers import (
@@ -85,8 +90,7 @@ class LocalPlan:
     progress_file: Path
     total_steps: int
     backoff_limit: int
-    watchdog: WatchdogConfig  # with log_interval, what the runner's stall notice measures against (stalled.py)
-    log_interval: int
+    job: Job  # as parsed and localised: its failure policy and checkpoint settings
     files: dict[Path, str]
     dirs: list[Path]
     workers: list[LocalWorker]
@@ -208,7 +212,8 @@ def plan_local(
         # The address this agent advertises to the others (the pod IP in a cluster).
         env[LOCAL_ADDR_ENV] = LOOPBACK
         env[PROGRESS_FILE_ENV] = str(progress_file)
-        termination_log = workdir / "tmp" / worker.name / "termination-log"
+        # The pod's /dev/termination-log, where its trainers say why they ended.
+        termination_log = workdir / "termination" / worker.name
         env[TERMINATION_LOG_ENV] = str(termination_log)
         # torchrun sets one thread per process only when a node runs several; local
         # agents share one machine, so its cores are split between all processes.
@@ -224,10 +229,9 @@ def plan_local(
         progress_file=progress_file,
         total_steps=job.spec.training.steps,
         backoff_limit=job.spec.run_policy.backoff_limit,
-        watchdog=job.spec.watchdog,
-        log_interval=job.spec.training.log_interval,
+        job=job,
         files={config_folder / CONFIG_FILE: config.to_yaml()},
-        dirs=sorted(set(shared.values())),
+        dirs=sorted({*shared.values(), workdir / "termination"}),
         workers=local_workers,
     )
 

@@ -25,7 +25,6 @@ class PodView:
     phase: str
     ready: bool
     terminating: bool
-    disrupted: bool
     # Kueue's admission gate is on: the pod waits for its group to be admitted.
     gated: bool = False
 
@@ -56,7 +55,6 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         phase=status.get("phase") or PENDING,
         ready=true_condition(status, "Ready") is not None,
         terminating=bool(meta.get("deletionTimestamp")),
-        disrupted=is_disruption(pod),
         gated=gated_by_kueue(pod),
     )
 

@@ -24,6 +24,7 @@ from brain_trainer.schema import ConfigError
 from .accounting import still_handled, unhandled
 from .cluster import ClusterClient, Conflict, ObjectRef
 from .events import NORMAL, Event, compute_events
+from .failure_policy import WorkerFailure, consequence, explain, first_cause
 from .job_status import FAILED, SUCCEEDED, JobStatus
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
 from .on_demand import request_events
@@ -32,10 +33,12 @@ from .pods import PodView, pod_view
 from .render import checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
-from .spec.model import RETAIN
+from .spec.model import FAIL_JOB, RESTART, RETAIN
 from .status import (
     BACKOFF_LIMIT_EXCEEDED,
+    CHECKPOINT_STORAGE_TOO_SMALL,
     DEADLINE_EXCEEDED,
+    INVALID_SPEC,
     Failure,
     Observation,
     elastic_status,
@@ -43,6 +46,7 @@ from .status import (
     is_terminal,
     pytorchjob_status,
 )
+from .storage import StorageTooSmall, check_storage, unchecked_claim_event
 
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")
@@ -103,6 +107,9 @@ def _reconcile_once(
     previous = manifest.get("status") or {}
     try:
         job = parse_job(manifest, defaults=defaults)
+        check_storage(job)
+    except StorageTooSmall as err:
+        the_plan = plan_invalid(manifest, err, now, CHECKPOINT_STORAGE_TOO_SMALL)
     except ConfigError as err:
         the_plan = plan_invalid(manifest, err, now)
     else:
@@ -182,12 +189,12 @@ def deletion_events(manifest: Mapping[str, Any], defaults: Optional[OperatorDefa
     return [Event(NORMAL, "CheckpointClaimKept", f"checkpoint claim {claim} is kept after the job: {how}")]
 
 
-def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime) -> Plan:
-    """An invalid spec: no child is touched; the status names every bad field."""
+def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime, reason: str = INVALID_SPEC) -> Plan:
+    """An invalid spec: no child is touched; the status names every bad field (Valid=False with `reason`)."""
     previous = manifest.get("status") or {}
     generation = (manifest.get("metadata") or {}).get("generation")
     generation = generation if isinstance(generation, int) else 0
-    status = invalid_status(previous, generation, "; ".join(str(e) for e in err.errors), now)
+    status = invalid_status(previous, generation, "; ".join(str(e) for e in err.errors), now, reason)
     return Plan(status=status, status_patch=status_patch(previous, status), events=tuple(compute_events(previous, status, [])))
 
 
@@ -205,11 +212,14 @@ def plan(
     else:
         the_plan = _plan_elastic(job, desired, existing, previous, now)
     status, stall_events = stalled_status(job.spec.watchdog, job.spec.training.log_interval, the_plan.status, previous, now)
+    # Once, at the first reconcile: a claim the operator cannot size.
+    unchecked = None if previous.get("phase") else unchecked_claim_event(job)
     return replace(
         the_plan,
         status=status,
         status_patch=status_patch(previous, status),
-        events=the_plan.events + tuple(request_events(the_plan.patches, existing)) + tuple(stall_events),
+        events=(*([unchecked] if unchecked else []), *the_plan.events, *request_events(the_plan.patches, existing),
+                *stall_events),
     )
 
 
@@ -222,6 +232,7 @@ class _PodPlan:
     creates: list[dict] = field(default_factory=list)
     replaced: int = 0
     failure: Optional[Failure] = None
+    cause: Optional[WorkerFailure] = None  # the handled worker failure that explains the others
 
 
 def _plan_elastic(
@@ -250,7 +261,9 @@ def _plan_elastic(
         # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
         regroup = [ref for ref in live if ref in wanted and _group_size(existing[ref]) != _group_size(wanted[ref])]
         failure = _deadline_failure(before, policy.active_deadline_seconds, now)
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, new, regroup)
+        # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
+        fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in live.items() if p.phase == FAILED}
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, regroup)
     creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
 
     gone = set(pod_plan.deletes)
@@ -269,6 +282,7 @@ def _plan_elastic(
         effective_batch_size=effective_batch_size(job),
         selector=selector(job),
         queued=_kueue_reason(job, existing) if _all_gated(p for ref, p in live.items() if ref not in gone) else None,
+        cause=pod_plan.cause,
         handled_failures=still_handled(before.handled_failures or (), [existing[ref] for ref in pods], reported),
     )
     status = elastic_status(before, seen, now)
@@ -278,7 +292,7 @@ def _plan_elastic(
         creates=tuple(creates),
         deletes=tuple(pod_plan.deletes),
         patches=() if terminal else tuple(_config_patches(desired, existing)),
-        events=tuple(compute_events(previous, status, reported)),
+        events=tuple(compute_events(previous, status, reported, policy.failure_policy)),
     )
 
 
@@ -289,27 +303,37 @@ def _plan_pods(
     live: Mapping[ObjectRef, PodView],
     restarts: int,
     failure: Optional[Failure],
+    fates: Mapping[ObjectRef, WorkerFailure],
     new: Collection[ObjectRef],
     regroup: Sequence[ObjectRef] = (),
 ) -> _PodPlan:
     """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes.
 
-    Only `new` failures (accounting.py) count: an earlier pass counted the
-    others before it failed to delete them. `regroup` pods are replaced too
-    (deleted now, created once gone), without counting as failures.
+    `fates` says why each failed pod failed and what runPolicy.failurePolicy
+    does: a Restart counts against backoffLimit, a RestartNotCounted does
+    not, a FailJob ends the job. Only `new` failures (accounting.py) cost
+    anything: an earlier pass handled the others before it failed to delete
+    them. `regroup` pods are replaced too (deleted now, created once gone),
+    without counting as failures.
     """
     limit = job.spec.run_policy.backoff_limit
     surplus = [ref for ref in live if ref not in wanted or ref in regroup]
     failed = [ref for ref, p in live.items() if ref in wanted and p.phase == FAILED]
-    counted = [ref for ref in failed if ref in new and not live[ref].disrupted]
+    handling = [fates[ref] for ref in failed if ref in new]
+    counted = [ref for ref in failed if ref in new and fates[ref].action == RESTART]
+    cause = first_cause(handling)
+    fatal = first_cause([f for f in handling if f.action == FAIL_JOB])
+    if failure is None and fatal is not None:
+        failure = Failure(fatal.condition_reason, f"worker pod {fatal.text()}; {consequence(fatal)}")
     if failure is None and restarts + len(counted) > limit:
         failure = Failure(
             BACKOFF_LIMIT_EXCEEDED,
             f"{len(counted)} worker pod(s) failed with {restarts} of runPolicy.backoffLimit={limit} "
-            f"restarts already used: {', '.join(r.name for r in counted)}",
+            f"restarts already used: {'; '.join(fates[r].text() for r in counted)}",
         )
     if failure is not None:
-        return _PodPlan(restarts, deletes=[ref for ref, p in live.items() if not p.finished], failure=failure)
+        return _PodPlan(restarts, deletes=[ref for ref, p in live.items() if not p.finished], failure=failure,
+                        cause=cause)
     if any(p.phase == SUCCEEDED for p in live.values()):
         # Training is over once a worker succeeded: a new pod would wait for a rendezvous that never comes.
         still_running = any(not p.finished for ref, p in live.items() if ref in wanted)
@@ -320,6 +344,7 @@ def _plan_pods(
         deletes=surplus + failed,
         creates=[dict(obj) for ref, obj in wanted.items() if ref not in present],
         replaced=len(failed),
+        cause=cause,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from brain_trainer.contract import format_time
 
+from .failure_policy import WorkerFailure
 from .job_status import (
     CONDITION_TYPES,
     FAILED,
@@ -35,6 +36,7 @@ from .pods import PodView, true_condition
 
 __all__ = [
     "BACKOFF_LIMIT_EXCEEDED",
+    "CHECKPOINT_STORAGE_TOO_SMALL",
     "CONDITION_TYPES",
     "DEADLINE_EXCEEDED",
     "FAILED",
@@ -59,6 +61,10 @@ __all__ = [
 
 # Failure reasons.
 INVALID_SPEC = "InvalidSpec"
+# A volumeClaimTemplate too small for the checkpoints (storage.py).
+CHECKPOINT_STORAGE_TOO_SMALL = "CheckpointStorageTooSmall"
+# Reasons of a spec refused before anything ran: fixing the spec starts the job.
+SPEC_REASONS = (INVALID_SPEC, CHECKPOINT_STORAGE_TOO_SMALL)
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 
@@ -90,13 +96,15 @@ class Observation:
     selector: str
     # (reason, message) while Kueue holds the workers back, as Kueue gives them.
     queued: Optional[tuple[str, str]] = None
+    # The worker failure this pass handled that explains the others (failure_policy.first_cause).
+    cause: Optional[WorkerFailure] = None
     # uids of the failed pods handled so far (accounting.py); None keeps the previous list.
     handled_failures: Optional[Sequence[str]] = None
 
 
 def is_terminal(previous: JobStatus) -> bool:
     """A finished job, except one that failed only because its spec was invalid (a fixed spec may run)."""
-    return previous.phase in TERMINAL and failure_reason(previous) != INVALID_SPEC
+    return previous.phase in TERMINAL and failure_reason(previous) not in SPEC_REASONS
 
 
 def failure_reason(previous: JobStatus) -> Optional[str]:
@@ -135,6 +143,8 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
         phase, reason, message = SUCCEEDED, "AllWorkersSucceeded", f"all {seen.desired} workers succeeded"
     elif seen.replaced:
         phase, reason, message = RESTARTING, "WorkersReplaced", f"{seen.replaced} worker pod(s) replaced"
+        if seen.cause is not None:
+            reason, message = seen.cause.condition_reason, f"{message}: {seen.cause.text()}"
     elif workers.running + workers.succeeded >= seen.min_running:
         # Workers that already finished training count: the others are finishing too.
         phase, reason, message = RUNNING, "WorkersRunning", f"{workers.running}/{seen.desired} workers running"
@@ -146,6 +156,8 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
         phase, reason, message = PENDING, "WaitingForWorkers", f"{workers.running}/{seen.min_running} workers running"
     out = _counted(before, seen.generation, workers, seen.selector, max(seen.restarts, before.restarts),
                    seen.strategy, seen.effective_batch_size)
+    if seen.cause is not None and not is_terminal(before):
+        out = replace(out, reason=seen.cause.reason)
     if seen.handled_failures is not None:
         out = replace(out, handled_failures=list(seen.handled_failures) or None)
     if not is_terminal(before):
@@ -153,8 +165,10 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
     return out.to_dict()
 
 
-def invalid_status(previous: Mapping[str, Any], generation: int, message: str, now: datetime) -> dict[str, Any]:
-    """An invalid spec: Failed with Valid=False naming every bad field; nothing else changes.
+def invalid_status(previous: Mapping[str, Any], generation: int, message: str, now: datetime,
+                   reason: str = INVALID_SPEC) -> dict[str, Any]:
+    """An invalid spec: Failed with Valid=False (`reason`, one of SPEC_REASONS) naming every bad field; nothing else
+    changes.
 
     A finished job stays finished whatever its spec becomes.
     """
@@ -162,7 +176,7 @@ def invalid_status(previous: Mapping[str, Any], generation: int, message: str, n
     out = replace(before, observed_generation=generation)
     if not is_terminal(before):
         out = replace(out, phase=FAILED,
-                      conditions=_conditions(before, FAILED, INVALID_SPEC, message, now, valid=(False, INVALID_SPEC, message)))
+                      conditions=_conditions(before, FAILED, reason, message, now, valid=(False, reason, message)))
     return out.to_dict()
 
 

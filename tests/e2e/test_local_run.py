@@ -205,7 +205,11 @@ def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(r
     assert killed is not None, "the run ended before a worker could be killed"
     fields = summary(out)
     assert fields["status"] == "Succeeded" and int(fields["restarts"]) >= 1
-    assert "local-minimal-worker-1 exited with -9: restarting all workers" in out
+    # The killed pod's reason: none (an error, counted), or, when its orphaned trainer got torchrun's death
+    # signal (SIGTERM) in time to commit a checkpoint, preempted (not counted).
+    assert re.search(r"^braintrain: local-minimal-worker-1: (error: exit code -9, no reason from the trainer; restarted, "
+                     r"counted|preempted: SIGTERM: step \d+ committed, exiting to be restarted; retried without counting)"
+                     r" against runPolicy\.backoffLimit .*: restarting all workers from the newest checkpoint$", out, re.M), out
     same_final_weights(workdir, reference_dir, tmp_path / "weights")
 
 
@@ -245,8 +249,6 @@ def test_a_frozen_trainer_is_noticed_by_its_peer_and_the_group_resumes_with_the_
     # Its stacks are in the log: the main thread where it waited, the watchdog's own.
     assert "[local-minimal-worker-0] Thread 0x" in out and "most recent call first" in out
     assert 'brain_trainer/watchdog.py", line' in out and 'brain_trainer/train.py", line' in out
-    message = (workdir / "tmp" / "local-minimal-worker-0" / "termination-log").read_text()
-    assert message.startswith("brain.ai/stalled: ")
     # The runner saw it too: no progress for longer than the job allows (the frozen peer, then the group's restart).
     notes = [line for line in out.splitlines() if line.startswith("braintrain: ")]
     stall = next(i for i, line in enumerate(notes) if line.startswith("braintrain: stalled: no progress for "))

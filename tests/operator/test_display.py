@@ -75,7 +75,19 @@ def test_summary_names_every_figure():
     evaluated = summary_lines(replace(summary, eval_loss=2.0, first_eval_loss=6.0))
     assert evaluated[3] == "eval loss:   2.0000 (perplexity 7.4; first: 6.0000)"
     assert "(perplexity 10,142,320," in summary_lines(replace(summary, eval_loss=800.0))[3], "a diverged loss: capped, no overflow"
+    assert "reason:" not in text
     assert "goodput:     -" in text.splitlines()  # no trainer reported it
+
+
+def test_a_failed_runs_reason_is_the_first_line_after_its_status():
+    summary = RunSummary(
+        status="Failed", step=100, total_steps=200, loss=None, first_loss=None, tokens_per_second=None,
+        wall_seconds=5.0, checkpoint=None, restarts=0, message="j-worker-0 failed",
+        reason="storage-full: the checkpoint of step 150 needs 13 MB, 2 MB free",
+    )
+    lines = summary_lines(summary)
+    assert lines[:2] == ["status:      Failed (j-worker-0 failed)",
+                         "reason:      storage-full: the checkpoint of step 150 needs 13 MB, 2 MB free"]
 
 
 def test_the_summary_shows_goodput_and_its_parts_that_are_not_zero():

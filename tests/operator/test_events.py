@@ -36,9 +36,13 @@ def test_each_worker_failure_names_exit_code_and_reason():
     ]
     events = compute_events(RUNNING, {**RUNNING, "phase": "Restarting"}, pods)
     assert [e.message for e in events[:3]] == [
-        "worker pod j-worker-0 ended with OOMKilled (exit code 137)",
-        "worker pod j-worker-1 ended with Error (exit code 1): CUDA error",
-        "worker pod j-worker-2 ended with Evicted (no exit code); retried without counting against backoffLimit",
+        "worker pod j-worker-0 ended with OOMKilled (exit code 137): out-of-memory: the kubelet killed the container "
+        "at its memory limit (OOMKilled); restarted, counted against runPolicy.backoffLimit "
+        "(runPolicy.failurePolicy.outOfMemory: Restart)",
+        "worker pod j-worker-1 ended with Error (exit code 1): error: exit code 1: CUDA error; restarted, counted "
+        "against runPolicy.backoffLimit (runPolicy.failurePolicy.error: Restart)",
+        "worker pod j-worker-2 ended with Evicted (no exit code): preempted: Evicted; retried without counting "
+        "against runPolicy.backoffLimit (runPolicy.failurePolicy.preempted: RestartNotCounted)",
     ]
     assert all(e.type == "Warning" and e.reason == "WorkerFailed" for e in events[:3])
     assert events[3].reason == "Restarting"

@@ -83,14 +83,14 @@ def test_no_in_pod_path_or_cluster_dns_name_survives():
 def test_volumes_become_folders_under_the_workdir_and_claims_under_the_claims_folder():
     p = plan()
     assert p.checkpoint_dir == CLAIM
-    assert p.dirs == [CLAIM, WORKDIR / "config"]
+    assert p.dirs == [CLAIM, WORKDIR / "config", WORKDIR / "termination"]
     assert p.workers[1].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-1" / "dshm"]
     assert p.progress_file == WORKDIR / "progress.json"
     assert all(w.env["BRAIN_PROGRESS_FILE"] == str(p.progress_file) for w in p.workers)
-    # Each pod's termination message is its own file, never the host's /dev/termination-log.
+    # Each pod's termination message file, where its trainers say why they ended.
     assert [w.env["BRAIN_TERMINATION_LOG"] for w in p.workers] == [
-        str(w.termination_log) for w in p.workers
-    ] == [str(WORKDIR / "tmp" / f"local-minimal-worker-{i}" / "termination-log") for i in (0, 1)]
+        str(WORKDIR / "termination" / f"local-minimal-worker-{i}") for i in range(2)]
+    assert [w.termination_log for w in p.workers] == [WORKDIR / "termination" / f"local-minimal-worker-{i}" for i in range(2)]
 
 
 def test_trainer_yaml_is_the_rendered_one_with_local_paths_and_port():

@@ -10,6 +10,7 @@ from brain_operator.crd import status_schema
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import API_VERSION, KIND
 from brain_operator.status import format_time
+from brain_trainer import contract
 from brain_trainer.contract import PREEMPTED
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
@@ -302,3 +303,111 @@ def test_pytorchjob_size_changes_are_patched(cluster):
     step(cluster, name="solo")
     workers = cluster.objects[solo]["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert workers["replicas"] == 1 and workers["template"]["spec"]["containers"]
+
+
+# -- runPolicy.failurePolicy: the trainer's reason decides Restart, RestartNotCounted or FailJob --
+
+DEFAULT_ACTIONS = {
+    "storage-full": "FailJob",
+    "config-error": "FailJob",
+    "data-error": "FailJob",
+    "out-of-memory": "Restart",
+    "collective-timeout": "Restart",
+    "stalled": "Restart",
+    "error": "Restart",
+    "preempted": "RestartNotCounted",
+}
+
+
+def fail_worker(cluster, reason, line, pod="j-worker-1"):
+    code = contract.EXIT_CODES[reason]
+    cluster.exit_pod(pod, code, message=contract.termination_message(reason, line))
+
+
+def failure_event(cluster, before):
+    (found,) = [e for _, e in cluster.events[before:] if e.reason == "WorkerFailed"]
+    return found.message
+
+
+@pytest.mark.parametrize("reason", sorted(DEFAULT_ACTIONS))
+def test_each_reason_takes_its_default_action_and_is_told_everywhere(cluster, reason):
+    started(cluster, runPolicy={"backoffLimit": 3})
+    before = len(cluster.events)
+    fail_worker(cluster, reason, f"what the trainer said about {reason}")
+    status = step(cluster)
+    action = DEFAULT_ACTIONS[reason]
+    camel_reason = "".join(part.capitalize() for part in reason.split("-"))
+    told = f"j-worker-1: {reason}: what the trainer said about {reason}"
+    assert status["reason"] == reason
+    if action == "FailJob":
+        assert status["phase"] == "Failed" and status["restarts"] == 0
+        failed = condition(status, "Failed")
+        assert failed["reason"] == camel_reason and told in failed["message"]
+        assert f"runPolicy.failurePolicy.{camel_reason[0].lower() + camel_reason[1:]}: FailJob" in failed["message"]
+        assert cluster.pods()["j-worker-1"]["status"]["phase"] == "Failed"  # kept for its logs, not replaced
+    else:
+        assert status["phase"] == "Restarting"
+        assert status["restarts"] == (1 if action == "Restart" else 0)
+        restarting = condition(status, "Restarting")
+        assert restarting["reason"] == camel_reason and told in restarting["message"]
+        assert cluster.pods()["j-worker-1"]["status"]["phase"] == "Pending"  # a fresh pod
+    event = failure_event(cluster, before)
+    assert f"{reason}: what the trainer said about {reason}" in event and f": {action})" in event
+
+
+def test_a_failure_policy_overrides_the_defaults(cluster):
+    policy = {"storageFull": "Restart", "error": "FailJob", "collectiveTimeout": "RestartNotCounted"}
+    started(cluster, runPolicy={"backoffLimit": 1, "failurePolicy": policy})
+    fail_worker(cluster, "storage-full", "the claim was grown meanwhile")
+    status = step(cluster)
+    assert (status["phase"], status["restarts"]) == ("Restarting", 1)
+    cluster.run_all()
+    step(cluster)
+    fail_worker(cluster, "collective-timeout", "peer vanished", pod="j-worker-0")
+    status = step(cluster)
+    assert (status["phase"], status["restarts"]) == ("Restarting", 1)  # not counted: the budget of 1 holds
+    cluster.run_all()
+    step(cluster)
+    fail_worker(cluster, "error", "ValueError: bad", pod="j-worker-0")
+    status = step(cluster)
+    assert status["phase"] == "Failed" and condition(status, "Failed")["reason"] == "Error"
+    assert "runPolicy.failurePolicy.error: FailJob" in condition(status, "Failed")["message"]
+
+
+def test_the_cause_is_named_not_the_peer_it_took_down(cluster):
+    started(cluster)
+    fail_worker(cluster, "collective-timeout", "Connection closed by peer", pod="j-worker-0")
+    fail_worker(cluster, "out-of-memory", "MemoryError on rank 1", pod="j-worker-1")
+    status = step(cluster)
+    assert status["reason"] == "out-of-memory" and condition(status, "Restarting")["reason"] == "OutOfMemory"
+    assert status["restarts"] == 2  # both count: each failed pod is a restart
+
+
+def test_a_spent_budget_names_the_reasons(cluster):
+    started(cluster, runPolicy={"backoffLimit": 0})
+    fail_worker(cluster, "stalled", "no step for 600 s")
+    status = step(cluster)
+    failed = condition(status, "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded" and "j-worker-1: stalled: no step for 600 s" in failed["message"]
+    assert status["reason"] == "stalled"
+
+
+def test_a_pod_without_a_reason_is_an_error_and_the_kubelets_oom_is_out_of_memory(cluster):
+    started(cluster, runPolicy={"backoffLimit": 5})
+    cluster.exit_pod("j-worker-0", 1, message="Traceback (most recent call last):\n  ...\nKeyError: 'x'")
+    status = step(cluster)
+    assert status["reason"] == "error" and "exit code 1: KeyError: 'x'" in condition(status, "Restarting")["message"]
+    cluster.run_all()
+    step(cluster)
+    cluster.set_pod("j-worker-1", "Failed", containerStatuses=[
+        {"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}])
+    assert step(cluster)["reason"] == "out-of-memory"
+
+
+def test_a_bad_failure_policy_is_an_invalid_spec(cluster):
+    cluster.apply_job(manifest(runPolicy={"failurePolicy": {"storageFull": "Retry"}}))
+    status = step(cluster)
+    valid = condition(status, "Valid")
+    assert valid["status"] == "False"
+    assert ("spec.runPolicy.failurePolicy.storageFull: must be one of Restart, RestartNotCounted, FailJob; got 'Retry'"
+            in valid["message"])

@@ -157,6 +157,14 @@ def test_torchrun_environment(objects):
         assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"} & env.keys()
 
 
+def test_the_reasons_that_fail_the_job_reach_the_trainer(objects):
+    # With them the trainer stops torchrun too, whose restarts inside the pod would fail the same way.
+    assert {env_of(pod)["BRAIN_FAIL_FAST"] for pod in by_kind(objects, "Pod")} == {"storage-full,data-error,config-error"}
+    policy = {"storageFull": "Restart", "error": "FailJob"}
+    changed = render_elastic(parse_job(job_manifest(runPolicy={"failurePolicy": policy})))
+    assert env_of(by_kind(changed, "Pod")[0])["BRAIN_FAIL_FAST"] == "data-error,config-error,error"
+
+
 def test_nccl_block(objects):
     env = env_of(by_kind(objects, "Pod")[1])
     assert env["NCCL_DEBUG"] == "INFO"

@@ -161,9 +161,11 @@ def test_sigterm_commits_exits_preempted_and_resumes_at_one_rank(tmp_path):
             if w.poll() is None:
                 w.kill()
     assert codes == [contract.PREEMPTED] * 2, outputs[0][-3000:]
-    assert all((tmp_path / f"term{r}").read_text() == contract.PREEMPTED_MESSAGE for r in range(2))
     latest = store.latest_checkpoint(root)
     stopped = store.read_manifest(latest)["step"]
+    assert all(contract.parse_termination((tmp_path / f"term{r}").read_text())
+               == (contract.PREEMPTED_REASON, f"SIGTERM: step {stopped} committed, exiting to be restarted")
+               for r in range(2))
     assert 4 < stopped < steps and store.read_manifest(latest)["sample_index"] == stopped * 2 * MICRO
     assert f"SIGTERM: saving step {stopped} before exiting with code {contract.PREEMPTED}" in outputs[0]
     assert sorted(steps_taken(sample_log)) == list(range(1, stopped + 1))

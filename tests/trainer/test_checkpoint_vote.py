@@ -81,7 +81,9 @@ def test_every_rank_commits_the_same_step_and_exits_preempted(preempted, name):
     root = base / name.replace(" ", "-")
     assert store.latest_checkpoint(root) == root / store.step_dir_name(stop)
     assert store.read_manifest(root / store.step_dir_name(stop))["step"] == stop
-    assert all((base / f"{root.name}-term{r}").read_text() == contract.PREEMPTED_MESSAGE for r in range(2))
+    assert all((base / f"{root.name}-term{r}").read_text()
+               == contract.termination_message(contract.PREEMPTED_REASON, f"SIGTERM: step {stop} committed, exiting to be restarted")
+               for r in range(2))
     assert all(r["handler restored"] for r in ranks)
 
 

@@ -1,9 +1,11 @@
-"""`python -m brain_trainer` on bad trainer.yaml files: one clear line per bad field, exit 2, no traceback."""
+"""`python -m brain_trainer` on bad trainer.yaml files: one clear line per bad field, exit 2 (a missing dataset: 65), no traceback."""
 
 import subprocess
 import sys
 
 import pytest
+
+from brain_trainer import contract
 
 CASES = [
     # (yaml, the field each error line must name, words the message must contain)
@@ -35,8 +37,6 @@ CASES = [
         ["training.steps", "training.seq_len", "distributed.backend"],
         "",
     ),
-    # Found only at run time, once torch is imported: still one line, still exit 2.
-    ("data: {source: files, path: /nonexistent/brain/*.txt}\nmetrics: {port: 0}", ["data.path"], "no files match '/nonexistent/brain/*.txt'"),
 ]
 
 
@@ -47,8 +47,8 @@ def run_trainer(config_path):
     )
 
 
-def assert_clean_failure(proc, fields, words):
-    assert proc.returncode == 2, proc.stderr
+def assert_clean_failure(proc, fields, words, code=contract.CONFIG_ERROR):
+    assert proc.returncode == code, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = proc.stderr.strip().splitlines()
     assert [line.split(": ")[1] for line in lines] == fields, proc.stderr
@@ -61,6 +61,14 @@ def test_bad_config_is_one_line_per_field_and_exit_2(tmp_path, text, fields, wor
     path = tmp_path / "trainer.yaml"
     path.write_text(text + "\n")
     assert_clean_failure(run_trainer(path), fields, words)
+
+
+def test_a_missing_dataset_is_a_data_error_in_one_line(tmp_path):
+    # Found only at run time, once torch is imported: still one line, with data-error's exit code.
+    path = tmp_path / "trainer.yaml"
+    path.write_text("data: {source: files, path: /nonexistent/brain/*.txt}\nmetrics: {port: 0}\n")
+    assert_clean_failure(run_trainer(path), ["data.path"], "no files match '/nonexistent/brain/*.txt'",
+                         code=contract.EXIT_CODES[contract.DATA_ERROR])
 
 
 def test_unreadable_and_malformed_files(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tokens_corpus import PROG, prepare, stdlib_globs
 
-from brain_trainer.contract import CONFIG_ERROR
+from brain_trainer.contract import DATA_ERROR, EXIT_CODES
 from brain_trainer.tokens.dataset import TokenDataset
 from brain_trainer.tokens.format import DatasetError, check_seq_len, in_validation, read_manifest
 from brain_trainer.tokens.tokenizer import ByteTokenizer, TokenizerError, load_dataset_tokenizer, train_bpe
@@ -206,14 +206,15 @@ def test_a_stored_tokenizer_changed_after_prepare(tmp_path, capsys):
 
 
 def trainer_fails(capsys, folder, tmp_path, **training):
-    """`python -m brain_trainer` on the dataset `folder`: exit 2 and the one error line, before any rank trains."""
+    """`python -m brain_trainer` on the dataset `folder`: data-error's exit code and the one error line, before any
+    rank trains."""
     from brain_trainer.__main__ import main as trainer_main
 
     config = {"training": {"steps": 2, "seq_len": 16, **training}, "data": {"source": "tokens", "path": str(folder)},
               "checkpoint": {"dir": str(tmp_path / "checkpoints")}, "metrics": {"port": 0}}
     path = tmp_path / "trainer.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
-    assert trainer_main(["--config", str(path)]) == CONFIG_ERROR
+    assert trainer_main(["--config", str(path)]) == EXIT_CODES[DATA_ERROR]
     _, err = capsys.readouterr()
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: data.path: "), err

@@ -2,7 +2,7 @@
 
 Each case runs a small program that steps a few times and then blocks its main
 thread for good, as a rank stuck in a collective does: the watchdog must end
-it with STALLED, its stacks on stderr and `brain.ai/stalled: ...` as the
+it with the stalled exit code, its stacks on stderr and `brain.ai/stalled: ...` as the
 termination message.
 """
 
@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from brain_trainer.contract import STALLED, STALLED_MESSAGE
+from brain_trainer.contract import EXIT_CODES, STALLED
 
 PROGRAM = textwrap.dedent(
     """
@@ -53,14 +53,14 @@ def run(tmp_path, *, enabled=True, block="None", in_save=False) -> tuple[subproc
 @pytest.mark.parametrize("in_save, what", [(False, "no optimizer step"), (True, "a checkpoint save did not finish")])
 def test_a_blocked_rank_dumps_its_stacks_and_exits_stalled(tmp_path, in_save, what):
     proc, message = run(tmp_path, in_save=in_save)
-    assert proc.returncode == STALLED, proc.stderr
+    assert proc.returncode == EXIT_CODES[STALLED] == 82, proc.stderr
     limit = "1 s: checkpointSeconds" if in_save else "0 s: floorSeconds"
     assert f"brain_trainer.watchdog stalled: {what} for " in proc.stdout
     assert f"after step 3 (limit {limit}" in proc.stdout
     # Every thread's stack: the blocked main thread where it waits, and the watchdog's own.
     assert "most recent call first" in proc.stderr
     assert "in stuck_in_a_collective" in proc.stderr and "in _fire" in proc.stderr
-    assert message.startswith(f"{STALLED_MESSAGE}: {what} for ") and "after step 3" in message
+    assert message.startswith(f"brain.ai/stalled: {what} for ") and "after step 3" in message
     assert "finished" not in proc.stdout
 
 

@@ -1,20 +1,24 @@
 """`python -m brain_trainer --config FILE`: what torchrun starts in every worker.
 
 A bad config prints one `error: field: message` line per bad field to stderr
-and exits 2 (the usual usage-error code), never with a traceback.
+and exits 2 (the usual usage-error code), never with a traceback. Any fatal
+error ends the same way: classified (failures.py), its reason written as the
+termination message, its exit code returned (docs/training.md, "When training
+fails").
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from .config import load_config
-from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_ERROR, CONFIG_FLAG, TRAINER_MODULE
-from .schema import ConfigError
+from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_FLAG, TRAINER_MODULE
+from .failures import clear_termination, report
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -26,16 +30,19 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout)
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        # Before any rank of this pod can fail: every rank joins the process group first.
+        clear_termination()
     try:
         cfg = load_config(args.config)
         from .train import train  # imports torch: only once the config is known to be good
 
         # The request file is another key of trainer.yaml's ConfigMap: it lies beside it.
         train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE))
-    except ConfigError as exc:
-        for error in exc.errors:
-            print(f"error: {error}", file=sys.stderr)
-        return CONFIG_ERROR
+    except (SystemExit, KeyboardInterrupt):
+        raise  # a preemption wrote its own message; Ctrl-C is the user's
+    except BaseException as exc:  # torch.distributed.checkpoint's errors are BaseExceptions
+        return report(exc, os.environ.get("RANK"))
     return 0
 
 

@@ -45,6 +45,10 @@ PROGRESS_FILE_ENV = "BRAIN_PROGRESS_FILE"
 # Kubernetes reads a container's termination message from this file.
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LOG_ENV = "BRAIN_TERMINATION_LOG"
+# The failure reasons (comma-separated) that fail the job without a restart
+# (runPolicy.failurePolicy: FailJob): a trainer failing with one also stops its
+# torchrun agent, so that torchrun does not restart the workers in the pod.
+FAIL_FAST_ENV = "BRAIN_FAIL_FAST"
 
 # -- rank 0's HTTP endpoint --
 
@@ -55,22 +59,70 @@ PROGRESS_PATH = "/progress"
 
 # -- exit codes and termination messages --
 
+# Why a trainer ended, as `brain.ai/<reason>: <one human line>` in the
+# termination log, with an exit code per reason (docs/training.md, "When
+# training fails"). The operator reads the reason back (`parse_termination`)
+# into the job's conditions and events and decides with it whether to restart
+# (runPolicy.failurePolicy); torchrun reports its own exit code, so the
+# message, not the code, is what crosses the pod boundary.
+REASON_PREFIX = "brain.ai/"
 # The trainer was asked to stop (SIGTERM: preemption, eviction, scale-down),
 # committed a checkpoint and exited. Retry it; it is not a failure.
-# 75 is EX_TEMPFAIL in sysexits.h: "try again later".
-PREEMPTED = 75
-# A configuration the trainer refuses (the usual usage-error code).
-CONFIG_ERROR = 2
-# Written to the termination log alongside PREEMPTED, so the operator can tell a
-# preemption even when torchrun reports its own exit code.
-PREEMPTED_MESSAGE = "brain.ai/preempted"
-# The hang watchdog saw no optimizer step within its limit (a peer stuck in a
-# collective, a dead link), dumped every thread's stack and exited, so torchrun
-# restarts the group from the newest checkpoint. A failure: it counts against
-# the restart budgets. Outside sysexits' 64-78 and below the signal codes (128+).
-STALLED = 86
-# Written to the termination log as `brain.ai/stalled: <what it saw>`.
-STALLED_MESSAGE = "brain.ai/stalled"
+PREEMPTED_REASON = "preempted"
+STORAGE_FULL = "storage-full"  # ENOSPC/EDQUOT writing a checkpoint, or a save that would not fit
+OUT_OF_MEMORY = "out-of-memory"  # host MemoryError or accelerator OOM
+DATA_ERROR = "data-error"  # a missing, damaged or undecodable dataset
+CONFIG_ERROR_REASON = "config-error"  # a configuration the trainer refuses
+COLLECTIVE_TIMEOUT = "collective-timeout"  # a process-group timeout, or a peer that vanished
+STALLED = "stalled"  # the hang watchdog stopped a rank that made no progress
+ERROR = "error"  # anything else: the exception's type and first line
+# reason -> exit code. 75 is EX_TEMPFAIL ("try again later"), 65 EX_DATAERR and
+# 73 EX_CANTCREAT in sysexits.h; 2 is the usual usage-error code; 80-82 are ours.
+EXIT_CODES = {
+    PREEMPTED_REASON: 75,
+    STORAGE_FULL: 73,
+    OUT_OF_MEMORY: 80,
+    DATA_ERROR: 65,
+    CONFIG_ERROR_REASON: 2,
+    COLLECTIVE_TIMEOUT: 81,
+    STALLED: 82,
+    ERROR: 1,
+}
+REASONS = tuple(EXIT_CODES)
+# Reasons a rank reports when something else took it down (a peer's failure, a
+# stop request): when several pods fail together, any other reason names the
+# cause better, and a stop explains a peer's broken collective.
+SECONDARY_REASONS = (PREEMPTED_REASON, COLLECTIVE_TIMEOUT)
+PREEMPTED = EXIT_CODES[PREEMPTED_REASON]
+CONFIG_ERROR = EXIT_CODES[CONFIG_ERROR_REASON]
+# The termination message of a preemption (pods.is_disruption looks for it).
+PREEMPTED_MESSAGE = REASON_PREFIX + PREEMPTED_REASON
+# Kubernetes keeps at most 4096 bytes of a termination message.
+TERMINATION_MESSAGE_MAX = 4096
+
+
+def termination_message(reason: str, line: str) -> str:
+    """`brain.ai/<reason>: <line>`, on one line, within what Kubernetes keeps."""
+    text = f"{REASON_PREFIX}{reason}: {' '.join(line.split())}"
+    return text[:TERMINATION_MESSAGE_MAX]
+
+
+_TERMINATION = re.compile(rf"{re.escape(REASON_PREFIX)}([a-z-]+)(?::[ ]?([^\n]*))?")
+
+
+def parse_termination(message: Optional[str]) -> Optional[tuple[str, str]]:
+    """(reason, line) of a trainer's termination message; None for any other text (torchrun's, a log tail)."""
+    match = _TERMINATION.search(message or "")
+    if match is None or match.group(1) not in EXIT_CODES:
+        return None
+    return match.group(1), (match.group(2) or "").strip()
+
+
+def cause_rank(reason: str) -> int:
+    """How well a reason explains a group's failure, best first: any primary reason, then preempted, then
+    collective-timeout (`min(failures, key=...)` picks the one to report)."""
+    return SECONDARY_REASONS.index(reason) + 1 if reason in SECONDARY_REASONS else 0
+
 
 # -- checkpoint folders --
 

@@ -28,7 +28,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from .config import DataConfig, DistributedConfig
 from .launcher import env_int
 from .presets import VOCAB_SIZE
-from .schema import ConfigError, FieldError
+from .failures import DataError
+from .schema import FieldError
 from .tokens.source import open_split
 
 
@@ -49,20 +50,20 @@ class ByteFileDataset(Dataset):
         self.seq_len = seq_len
         files = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
         if not files:
-            raise ConfigError([FieldError("data.path", f"no files match {pattern!r}")])
+            raise DataError([FieldError("data.path", f"no files match {pattern!r}")])
         chunks = []
         for path in files:
             try:
                 with open(path, "rb") as f:
                     chunks.append(f.read())
             except OSError as exc:
-                raise ConfigError([FieldError("data.path", f"cannot read {path}: {exc.strerror}")]) from None
+                raise DataError([FieldError("data.path", f"cannot read {path}: {exc.strerror}")]) from None
         data = bytearray().join(chunks)  # writable, as torch.frombuffer wants, without a second copy
         self.num_files = len(files)
         self.tokens = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
         self._len = len(data) // (seq_len + 1)
         if self._len == 0:
-            raise ConfigError(
+            raise DataError(
                 [
                     FieldError(
                         "data.path",

@@ -525,3 +525,40 @@ def plan_host_memory(
         checkpoint_staging=held * STAGED_BYTES_PER_PARAM if checkpointing and async_checkpoint else 0,
         data_workers=data_workers * DATA_WORKER_BYTES,
     )
+
+
+def rank_estimate(cfg: TrainerConfig, dist: DistributedConfig, world_size: int, *, node_size: int,
+                  accelerator: bool) -> Optional[int]:
+    """The planner's bytes per rank for a run's resolved strategy: device memory on an accelerator, host memory on
+    the CPU; None for a user model (its size is unknown here)."""
+    if cfg.model.entrypoint:
+        return None
+    try:
+        plan = plan_memory(
+            planned_model(cfg.model), dist.strategy, fsdp_sharding=dist.fsdp_sharding, precision=dist.mixed_precision_policy,
+            micro_batch_size=cfg.training.micro_batch_size, seq_len=cfg.training.seq_len, world_size=world_size,
+            activation_checkpointing=dist.activation_checkpointing,
+            activation_checkpointing_every=dist.activation_checkpointing_every, cpu_offload=dist.cpu_offload,
+            node_size=node_size,
+        )
+    except ConfigError:
+        return None
+    if accelerator:
+        return plan.total
+    return plan_host_memory(planned_model(cfg.model), plan, accelerator=False, async_checkpoint=cfg.checkpoint.async_save,
+                            checkpointing=cfg.checkpoint.enabled, data_workers=cfg.data.num_workers).total
+
+
+# A committed checkpoint beyond its tensors: DCP's .metadata, the manifest, the RNG and schedule states, pickle headers.
+CHECKPOINT_EXTRA_BYTES = 1 * MIB
+
+
+def checkpoint_bytes(n_params: int) -> int:
+    """A committed checkpoint's size for a model of `n_params` parameters: each in fp32 with AdamW's two fp32
+    moments (the staged copy's 12 bytes per parameter, whatever the strategy), plus CHECKPOINT_EXTRA_BYTES."""
+    return n_params * STAGED_BYTES_PER_PARAM + CHECKPOINT_EXTRA_BYTES
+
+
+def preset_checkpoint_bytes(model: BrainAIConfig | str) -> int:
+    """`checkpoint_bytes` of a preset (or a BrainAIConfig)."""
+    return checkpoint_bytes(sum(wrap_unit_params(_model_config(model))))

@@ -1,10 +1,13 @@
-"""What each rank holds once its model is initialised: one log line per rank, and gauges on rank 0's /metrics."""
+"""What each rank holds once its model is initialised (one log line per rank, gauges on rank 0's /metrics), and
+what an out-of-memory failure says (the planner's estimate beside what was available)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import resource
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -15,6 +18,9 @@ from torch.distributed.tensor import DTensor
 log = logging.getLogger(__name__)
 
 MB = 1e6
+GIB = 1024**3
+# cgroup v2: the memory limit of the container this process runs in ("max" when none).
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
 
 
 @dataclass(frozen=True)
@@ -65,3 +71,30 @@ def gather_init_memory(model: nn.Module, device: torch.device, rank: int) -> lis
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return everyone
+
+
+def available_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes, what limits them) this rank could use: the accelerator's memory, or on the CPU the tightest of the
+    physical memory, the cgroup's limit and the address-space limit."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, "device memory"
+    limits = [(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory")]
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        limits.append((soft, "address-space limit"))
+    try:
+        cgroup = CGROUP_MEMORY_MAX.read_text().strip()
+    except OSError:
+        cgroup = ""
+    if cgroup.isdigit():
+        limits.append((int(cgroup), "cgroup memory limit"))
+    return min(limits)
+
+
+def out_of_memory_line(exc: BaseException, estimate: Optional[int], device: torch.device, rank: int) -> str:
+    """One line for the termination message: what failed, the planner's estimate per rank, what was available."""
+    what = "device" if device.type == "cuda" else "host"
+    planned = (f"the memory planner estimates {estimate / GIB:.2f} GiB of {what} memory per rank"
+               if estimate is not None else "the memory planner cannot size a user model")
+    available, limit = available_memory(device)
+    return f"{type(exc).__name__} on rank {rank}: {planned}; {available / GIB:.2f} GiB available ({limit})"

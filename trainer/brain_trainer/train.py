@@ -32,20 +32,21 @@ from torch.utils.data import Dataset
 from .accumulation import GradientAccumulator
 from .checkpoint import CheckpointManager, SampleLog, TrainState
 from .config import DistributedConfig, TrainerConfig
-from .contract import PROGRESS_FILE_ENV, RUN_ID_ENV, Goodput, Progress, eta_seconds, format_time
+from .contract import OUT_OF_MEMORY, PROGRESS_FILE_ENV, RUN_ID_ENV, Goodput, Progress, eta_seconds, format_time
 from .data import RankAwareDataLoader, build_dataset
 from .ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
+from .failures import Fatal
 from .evaluation import EvalResult, Evaluator, due
 from .flops import mfu, peak_flops, training_flops_per_token
 from .fsdp import FSDPWrapper
 from .goodput import CHECKPOINT, EVALUATION, INITIALIZATION
 from .goodput_log import GoodputLog
 from .launcher import DistributedLauncher
-from .memory import resolve_distributed
+from .memory import checkpoint_bytes, rank_estimate, resolve_distributed
 from .metrics import start_metrics_server
 from .init_from import WeightSource, manifest_fields, open_source
 from .materialize import Initializer, build, is_meta
-from .memory_report import InitMemory, gather_init_memory, peak_host_bytes
+from .memory_report import InitMemory, gather_init_memory, out_of_memory_line, peak_host_bytes
 from .progress import write_progress
 from .schedule import WarmupCosine, follow_config, peak_learning_rate
 from .schema import ConfigError, FieldError
@@ -285,7 +286,13 @@ def _launched(args: Namespace) -> TrainResult:
         cleanup.callback(watchdog.close)
         reporter = Reporter(cfg, rank)
         cleanup.callback(reporter.close)
-        return _run(args, rank, world_size, device, reporter, watchdog, cleanup)
+        try:
+            return _run(args, rank, world_size, device, reporter, watchdog, cleanup)
+        except (MemoryError, torch.OutOfMemoryError) as exc:
+            estimate = rank_estimate(cfg, resolve_strategy(cfg, world_size, device), world_size,
+                                     node_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                     accelerator=device.type == "cuda")
+            raise Fatal(OUT_OF_MEMORY, out_of_memory_line(exc, estimate, device, rank)) from exc
 
 
 def _run(args: Namespace, rank: int, world_size: int, device: torch.device, reporter: Reporter, watchdog: Watchdog,
@@ -322,7 +329,8 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash(),
                              manifest_fields=manifest_fields(cfg.model, source), save_guard=watchdog.checkpointing,
-                             request_file=args.checkpoint_request)
+                             request_file=args.checkpoint_request,
+                             checkpoint_bytes=checkpoint_bytes(sum(p.numel() for p in model.parameters())))
     # After finish() or a preemption it is closed already; after an error this
     # gives SIGTERM back its default meaning without waiting for a save in flight.
     cleanup.callback(ckpt.close, wait=False)

@@ -4,7 +4,7 @@ A rank stuck in a collective (a peer frozen, a dead link) cannot raise: the
 main thread is inside the backend. The watchdog thread sees that no step
 finished within its limit (stall.py decides the limit), dumps every thread's
 Python stack to stderr (faulthandler), writes `brain.ai/stalled: ...` as the
-termination message and exits with STALLED; torchrun then restarts the group,
+termination message and exits with the contract's code for it; torchrun then restarts the group,
 which resumes from the newest committed checkpoint.
 """
 
@@ -20,9 +20,9 @@ import time
 from typing import ContextManager, Iterator
 
 from .config import WatchdogConfig
-from .contract import STALLED, STALLED_MESSAGE
+from .contract import EXIT_CODES, STALLED
+from .failures import write_termination
 from .stall import CHECKPOINT, EVALUATION, STEP, StepTimes, limit, stall_message
-from .termination import write_termination_message
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,12 @@ class Watchdog:
             self._wake.clear()
 
     def _fire(self, message: str) -> None:
-        log.error("stalled: %s; dumping every thread's stack and exiting with %d", message, STALLED)
+        log.error("stalled: %s; dumping every thread's stack and exiting with %d", message, EXIT_CODES[STALLED])
         for handler in logging.getLogger().handlers:
             handler.flush()
         sys.stdout.flush()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        write_termination_message(f"{STALLED_MESSAGE}: {message}")
+        write_termination(STALLED, message)
         # The main thread may be blocked inside a collective, where no exception reaches it.
-        os._exit(STALLED)
+        os._exit(EXIT_CODES[STALLED])
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from brain_trainer.contract import CONFIG_FILE, METRICS_PORT, METRICS_PORT_NAME, trainer_args
+from brain_trainer.contract import CONFIG_FILE, FAIL_FAST_ENV, METRICS_PORT, METRICS_PORT_NAME, REASONS, trainer_args
 
 from ..names import config_map_name, template_claim_name, worker_pod_name, workers_service_name
 from ..spec import Job, node_range
 from ..spec.environment import PYTHONUNBUFFERED, SHARE_RDZV_STORE
+from ..spec.model import FAIL_JOB
 from ..spec.owned import (
     CHECKPOINT_VOLUME,
     CONFIG_DIR,
@@ -113,7 +114,7 @@ def volumes(job: Job) -> tuple[Volume, ...]:
 
 def trainer_container(job: Job, launch_env: tuple[tuple[str, str], ...] = (), ports: tuple[Port, ...] = ()) -> Container:
     """torchrun starting the trainer on the mounted trainer.yaml; `launch_env` first, then NCCL's."""
-    env = (*launch_env, *job.spec.nccl.variables(), (PYTHONUNBUFFERED, "1"))
+    env = (*launch_env, *job.spec.nccl.variables(), (PYTHONUNBUFFERED, "1"), (FAIL_FAST_ENV, fail_fast_reasons(job)))
     return Container(
         command=COMMAND,
         args=tuple(trainer_args(CONFIG_PATH)),
@@ -121,6 +122,13 @@ def trainer_container(job: Job, launch_env: tuple[tuple[str, str], ...] = (), po
         volumes=volumes(job),
         ports=(*ports, Port(METRICS_PORT_NAME, METRICS_PORT)),
     )
+
+
+def fail_fast_reasons(job: Job) -> str:
+    """The reasons runPolicy.failurePolicy fails the job for, comma-separated: the trainer then also stops
+    torchrun, whose restarts inside the pod would fail the same way."""
+    policy = job.spec.run_policy.failure_policy
+    return ",".join(reason for reason in REASONS if policy.action(reason) == FAIL_JOB)
 
 
 def rendezvous_endpoint(job: Job) -> str:

@@ -204,16 +204,43 @@ class SchedulingSpec:
             yield "queue_name", f"must be at most {DNS_LABEL_MAX} characters, got {len(self.queue_name)}"
 
 
+RESTART, RESTART_NOT_COUNTED, FAIL_JOB = "Restart", "RestartNotCounted", "FailJob"
+FAILURE_ACTIONS = (RESTART, RESTART_NOT_COUNTED, FAIL_JOB)
+
+
+def _action(default: str, why: str) -> Any:
+    return setting(default, choices=FAILURE_ACTIONS, help=why)
+
+
+@dataclass
+class FailurePolicySpec:
+    """What a worker failure leads to, by the reason the trainer names: Restart (counted against backoffLimit),
+    RestartNotCounted, or FailJob. One field per reason of brain_trainer.contract.REASONS."""
+
+    preempted: str = _action(RESTART_NOT_COUNTED, "the trainer was stopped (SIGTERM, eviction) and committed a checkpoint")
+    storage_full: str = _action(FAIL_JOB, "the checkpoint volume is full: a restart fails the same way")
+    out_of_memory: str = _action(RESTART, "host or accelerator memory ran out (also the kubelet's OOMKilled)")
+    data_error: str = _action(FAIL_JOB, "the dataset is missing, damaged or undecodable")
+    config_error: str = _action(FAIL_JOB, "the trainer refused its configuration")
+    collective_timeout: str = _action(RESTART, "a collective timed out, or a peer vanished")
+    stalled: str = _action(RESTART, "the hang watchdog stopped a rank that made no progress")
+    error: str = _action(RESTART, "anything else, including a pod that names no reason")
+
+    def action(self, reason: str) -> str:
+        return getattr(self, reason.replace("-", "_"))
+
+
 @dataclass
 class RunPolicySpec:
     """Restart budget, deadline, clean-up and suspension of the whole job."""
 
-    backoff_limit: int = setting(3, minimum=0, help="failed pods recreated before the job fails (evictions do not count)")
+    backoff_limit: int = setting(3, minimum=0, help="failed pods recreated (failurePolicy: Restart) before the job fails")
     active_deadline_seconds: Optional[int] = setting(None, minimum=1, help="fail the job after this long")
     ttl_seconds_after_finished: Optional[int] = setting(
         None, minimum=0, help="delete the workers this long after the job finished; the job and its status stay"
     )
     suspend: bool = setting(False, help="delete the pods and keep the job")
+    failure_policy: FailurePolicySpec = field(default_factory=FailurePolicySpec)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""CheckpointManager: when to save, asynchronous saves, commit, resume, preemption."""
+"""CheckpointManager: when to save, asynchronous saves, commit, resume, preemption, a full volume."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 import torch.distributed as dist
@@ -24,9 +24,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import AUTO, CheckpointConfig
-from ..contract import PREEMPTED, PREEMPTED_MESSAGE
+from ..contract import PREEMPTED, PREEMPTED_REASON, STORAGE_FULL
+from ..failures import Fatal, classify, write_termination
 from ..launcher import restart_count
-from ..termination import write_termination_message
 from ..young_daly import FIRST_INTERVAL_STEPS, interval_steps
 from . import shards, store
 from .state import TrainState, rng_key
@@ -95,6 +95,10 @@ def steps_between_votes(period_s: float, step_s: float) -> int:
     return max(1, int(period_s / step_s)) if step_s > 0 else 1
 
 
+def _size_text(size: int) -> str:
+    return f"{size:,} bytes ({size / 1e6:.1f} MB)"
+
+
 class CheckpointManager:
     """Saves TrainState every `interval_steps` into `cfg.dir` and resumes from it.
 
@@ -106,8 +110,10 @@ class CheckpointManager:
     def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_hash: str,
                  manifest_fields: dict[str, Any] | None = None,
                  save_guard: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
-                 request_file: Path | None = None):
+                 request_file: Path | None = None, checkpoint_bytes: int = 0):
         self.cfg = cfg
+        # A checkpoint's size until one is committed (then that one's): what each save must find free.
+        self.checkpoint_bytes = checkpoint_bytes
         self.save_guard = save_guard  # entered around each save the loop waits for (the hang watchdog's)
         # Rank 0 reads checkpoint requests (contract.CHECKPOINT_REQUEST_FILE) and the vote carries them to every
         # rank: one reader, so ranks whose copies of the file update at different times still agree.
@@ -131,6 +137,7 @@ class CheckpointManager:
         self.stall_total_s = 0.0  # how long all saves of this trainer blocked it (the goodput ledger's)
         self._saved_step: int | None = None
         self._pending: Future | None = None  # the save in flight: written, then committed
+        self._pending_step = 0  # its step
         self._staged: Future | None = None  # its copy to CPU memory
         self._stager: Any = None
         self._hook: Any = None
@@ -154,9 +161,18 @@ class CheckpointManager:
     # -- resume --
 
     def restore(self, state: TrainState) -> int | None:
-        """Load the newest committed, intact checkpoint into state; returns its step or None."""
+        """Load the newest committed, intact checkpoint into state; returns its step or None.
+
+        Then, before any step is computed, fail with storage-full when the
+        folder has no room for the next checkpoint.
+        """
         if not self.cfg.enabled:
             return None
+        step = self._restore(state)
+        self._check_space("the next checkpoint")
+        return step
+
+    def _restore(self, state: TrainState) -> int | None:
         candidates = None
         if self.rank == 0:
             candidates = store.list_checkpoints(self.root)
@@ -302,7 +318,8 @@ class CheckpointManager:
         """Block until the save in flight (if any) is written and committed; re-raise its error."""
         pending, self._pending, self._staged = self._pending, None, None
         if pending is not None:
-            pending.result()
+            with self._explained(self._pending_step):
+                pending.result()
 
     def close(self, *, wait: bool = True) -> None:
         """Release the commit thread, the staging hook and the SIGTERM handler (idempotent).
@@ -331,13 +348,52 @@ class CheckpointManager:
             if state.step != self._saved_step:
                 self._save(state, blocking=True)
             _barrier(self._group)  # rank 0 has committed before any rank exits
-        write_termination_message(PREEMPTED_MESSAGE)
+        write_termination(PREEMPTED_REASON, f"SIGTERM: step {state.step} committed, exiting to be restarted")
         self.close()
         raise Preempted()
+
+    def _needed_bytes(self) -> int:
+        if self.last_committed is not None:
+            manifest = store.read_manifest(self.last_committed[1])
+            return sum(f["size"] for f in manifest["files"].values())
+        return self.checkpoint_bytes
+
+    def _storage_line(self, what: str, needed: int) -> str:
+        free = shutil.disk_usage(self.root).free
+        return (f"{what} needs {_size_text(needed)}, {_size_text(free)} free in {self.root} "
+                f"(checkpoint.keep_last={self.cfg.keep_last}: that many committed checkpoints and the one being "
+                "written must fit; committed checkpoints were kept)")
+
+    def _check_space(self, what: str) -> None:
+        """Fail with storage-full before writing a checkpoint that cannot fit. Collective: rank 0 decides."""
+        verdict = None
+        if self.rank == 0:
+            needed = self._needed_bytes()
+            self.root.mkdir(parents=True, exist_ok=True)
+            if needed > shutil.disk_usage(self.root).free:
+                verdict = self._storage_line(what, needed)
+        verdict = _broadcast(verdict, self._group)
+        if verdict is not None:
+            raise Fatal(STORAGE_FULL, verdict)
+
+    @contextlib.contextmanager
+    def _explained(self, step: int) -> Iterator[None]:
+        """A save that ran out of space: its uncommitted folder removed, storage-full with the figures."""
+        try:
+            yield
+        except BaseException as exc:
+            reason, line = classify(exc)
+            if reason != STORAGE_FULL or isinstance(exc, Fatal):
+                raise
+            if self.rank == 0:
+                shutil.rmtree(store.tmp_dir(self.root, step), ignore_errors=True)
+            what = f"the checkpoint of step {step}"
+            raise Fatal(STORAGE_FULL, f"{line}: {self._storage_line(what, self._needed_bytes())}") from exc
 
     def _save(self, state: TrainState, blocking: bool) -> None:
         waiting = time.perf_counter()
         self.wait()  # at most one save in flight
+        self._check_space(f"the checkpoint of step {state.step}")
         started = time.perf_counter()
         self.stall_total_s += started - waiting
         folder = store.tmp_dir(self.root, state.step)
@@ -351,14 +407,16 @@ class CheckpointManager:
         }
         state_dict = state.state_dict()
         if blocking:
-            shards.save(state_dict, folder, self._group)
-            self._commit(folder, fields, started)
+            with self._explained(state.step):
+                shards.save(state_dict, folder, self._group)
+                self._commit(folder, fields, started)
         else:
             if self._stager is None:
                 self._stager = shards.background_stager()
                 self._hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
             self._staged, written = shards.async_save(state_dict, folder, self._save_group, self._stager)
             self._pending = self._executor.submit(self._commit_when_written, written, folder, fields, started)
+            self._pending_step = state.step
         self.last_stall_s = time.perf_counter() - started
         self.stall_total_s += self.last_stall_s
         self._saved_step = self._last_save_step = state.step

@@ -11,17 +11,18 @@ from dataclasses import replace
 from typing import Optional
 
 from ..config import TrainerConfig
+from ..failures import DataError
 from ..schema import ConfigError, FieldError
 from .dataset import TokenDataset
 from .format import DatasetError
 
 
 def open_split(path: str, seq_len: int, split: str) -> TokenDataset:
-    """`split` of the dataset at `path`, verified; ConfigError on data.path naming the file and the problem."""
+    """`split` of the dataset at `path`, verified; DataError on data.path naming the file and the problem."""
     try:
         return TokenDataset(path, seq_len, split)
     except DatasetError as exc:
-        raise ConfigError([FieldError("data.path", str(exc))]) from None
+        raise DataError([FieldError("data.path", str(exc))]) from None
 
 
 def follow_vocabulary(cfg: TrainerConfig, vocab_size: int) -> TrainerConfig:

@@ -1,0 +1,89 @@
+"""Why a worker pod failed, and what the job does about it (pure).
+
+The reason is the trainer's own (`brain.ai/<reason>: <line>` in the
+container's termination message, brain_trainer.contract); a pod that names
+none is explained by what Kubernetes says (an eviction is a preemption, the
+kubelet's OOMKilled is out-of-memory, anything else an error). The action is
+`runPolicy.failurePolicy`'s for that reason (docs/operator.md, "When a
+worker fails").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from brain_trainer.contract import COLLECTIVE_TIMEOUT, ERROR, OUT_OF_MEMORY, PREEMPTED_REASON, cause_rank, parse_termination
+
+from brain_trainer.schema import camel
+
+from .pods import is_disruption, terminated_states
+from .spec.model import FAIL_JOB, RESTART, RESTART_NOT_COUNTED, FailurePolicySpec
+
+# The kubelet's reason for a container killed at its memory limit.
+KUBELET_OOM = "OOMKilled"
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """One failed worker pod: the reason, its line, and the action the failure policy takes."""
+
+    pod: str
+    reason: str  # one of brain_trainer.contract.REASONS
+    line: str
+    action: str  # Restart, RestartNotCounted or FailJob
+
+    @property
+    def condition_reason(self) -> str:
+        """The reason as a Kubernetes condition reason spells one: storage-full -> StorageFull."""
+        return "".join(part.capitalize() for part in self.reason.split("-"))
+
+    def text(self) -> str:
+        return f"{self.pod}: {self.reason}: {self.line}" if self.line else f"{self.pod}: {self.reason}"
+
+
+def pod_reason(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """(reason, line) of a failed worker pod: the trainer's, else what Kubernetes says."""
+    ended = terminated_states(pod)
+    named = next((r for r in (parse_termination(t.get("message")) for t in ended) if r is not None), None)
+    disrupted = is_disruption(pod)
+    # A peer's broken collective in a pod that was itself evicted: the eviction is the cause.
+    if named is not None and not (disrupted and named[0] == COLLECTIVE_TIMEOUT):
+        return named
+    if disrupted:
+        status = pod.get("status") or {}
+        why = status.get("reason") or "disrupted"
+        return PREEMPTED_REASON, f"{why}: {status.get('message')}" if status.get("message") else why
+    if any(t.get("reason") == KUBELET_OOM for t in ended):
+        return OUT_OF_MEMORY, "the kubelet killed the container at its memory limit (OOMKilled)"
+    code = next((t.get("exitCode") for t in ended), None)
+    # With terminationMessagePolicy FallbackToLogsOnError the message is the log's tail: its last line says most.
+    tail = [line.strip() for t in ended for line in (t.get("message") or "").splitlines() if line.strip()]
+    said = f": {tail[-1]}" if tail else ""
+    return ERROR, (f"exit code {code}" if code is not None else "no exit code") + said
+
+
+def explain(pod: Mapping[str, Any], policy: FailurePolicySpec) -> WorkerFailure:
+    reason, line = pod_reason(pod)
+    return WorkerFailure((pod.get("metadata") or {}).get("name", "?"), reason, line, policy.action(reason))
+
+
+def policy_field(reason: str) -> str:
+    """Where a reason's action is set: storage-full -> runPolicy.failurePolicy.storageFull."""
+    return f"runPolicy.failurePolicy.{camel(reason.replace('-', '_'))}"
+
+
+CONSEQUENCES = {
+    RESTART: "restarted, counted against runPolicy.backoffLimit",
+    RESTART_NOT_COUNTED: "retried without counting against runPolicy.backoffLimit",
+    FAIL_JOB: "the job fails without a restart",
+}
+
+
+def consequence(failure: WorkerFailure) -> str:
+    return f"{CONSEQUENCES[failure.action]} ({policy_field(failure.reason)}: {failure.action})"
+
+
+def first_cause(failures: Sequence[WorkerFailure]) -> Optional[WorkerFailure]:
+    """The failure that explains the others best (contract.cause_rank): a primary reason before a peer's echo."""
+    return min(failures, key=lambda f: cause_rank(f.reason), default=None)
