@@ -117,7 +117,7 @@ def test_printer_columns():
     assert columns["Age"]["jsonPath"] == ".metadata.creationTimestamp"
     assert (columns["EvalLoss"]["jsonPath"], columns["EvalLoss"]["priority"]) == (".status.progress.evalLoss", 1)
     # kubectl get btj -o wide
-    assert [c["name"] for c in VERSION["additionalPrinterColumns"] if c.get("priority")] == ["EvalLoss", "Restarts", "Goodput", "Backend"]
+    assert [c["name"] for c in VERSION["additionalPrinterColumns"] if c.get("priority")] == ["EvalLoss", "Restarts", "Goodput", "Reason", "Backend"]
     assert columns["Goodput"]["jsonPath"] == ".status.goodput.ratio"
     for name, column in columns.items():
         if name != "Age":
