@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -28,6 +29,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    started = time.time()  # before torch is imported: the goodput ledger counts that as initialisation
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout)
     if os.environ.get("LOCAL_RANK", "0") == "0":
@@ -38,7 +40,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .train import train  # imports torch: only once the config is known to be good
 
         # The request file is another key of trainer.yaml's ConfigMap: it lies beside it.
-        train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE))
+        train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE), started=started)
     except (SystemExit, KeyboardInterrupt):
         raise  # a preemption wrote its own message; Ctrl-C is the user's
     except BaseException as exc:  # torch.distributed.checkpoint's errors are BaseExceptions

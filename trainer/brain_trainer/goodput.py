@@ -8,8 +8,8 @@ cluster) in the checkpoint folder, which outlives pods and worker groups:
 - recomputed: steps run again after a restart, up to the high-water mark
   (the work lost since the last commit);
 - checkpoint: the loop waiting for saves (staging, blocking saves, the final commit);
-- initialization: a trainer's start up to its first step (process group,
-  build, restore);
+- initialization: a trainer's start up to its first step (importing torch,
+  process group, build, restore);
 - evaluation: evaluation passes on the held-out split;
 - waiting: between one trainer's last ledger entry and the next trainer's
   start: restarts, rendezvous, rescheduling; where the previous trainer died,

@@ -254,15 +254,16 @@ def _answered(answered: Optional[tuple[str, int]]) -> dict[str, Any]:
     return {} if answered is None else {"checkpoint_request": answered[0], "checkpoint_request_step": answered[1]}
 
 
-def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None) -> TrainResult:
+def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None, started: Optional[float] = None) -> TrainResult:
     """Train as configured; returns on every rank once the last step is saved.
 
     DistributedLauncher exports the torch variables for whichever launcher
     started this process, then runs the loop here. A new content of the
     `checkpoint_request` file asks for a checkpoint at the next vote
-    (contract.CHECKPOINT_REQUEST_FILE).
+    (contract.CHECKPOINT_REQUEST_FILE). `started` (time.time()) is when this
+    trainer process began, for the goodput ledger; default: now.
     """
-    started = time.time()  # this trainer's start, in the goodput ledger
+    started = time.time() if started is None else started
     cfg = cfg.resolved()
     # Build the datasets first: a bad data.path (or a vocabulary that does not match it) fails before any rendezvous.
     dataset = build_dataset(cfg.data, cfg.training.seq_len, cfg.training.seed)
