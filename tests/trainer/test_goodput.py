@@ -1,10 +1,11 @@
-"""The goodput ledger (brain_trainer.goodput): pure."""
+"""The goodput ledger (brain_trainer.goodput, pure) and its file (goodput_log)."""
 
 import pytest
 
 from brain_trainer.goodput import (
     CHECKPOINT, INITIALIZATION, PRODUCTIVE, RECOMPUTED, WAITING, Ledger, summary,
 )
+from brain_trainer.goodput_log import LEDGER_FILE, GoodputLog
 
 
 def first_trainer():
@@ -48,3 +49,19 @@ def test_the_summary_names_every_part_in_seconds():
     assert (shown.ratio, shown.wall_seconds, shown.productive_seconds, shown.checkpoint_seconds) == (0.56, 25.0, 14.0, 1.0)
     assert shown.initialization_seconds == 10.0 and shown.evaluation_seconds == 0.0 and shown.waiting_seconds == 0.0
     assert summary(Ledger.begin(None, "", now=1.0)).ratio == 0.0  # no time yet
+
+
+def test_the_ledger_file_carries_the_run_from_one_trainer_to_the_next(tmp_path):
+    first = GoodputLog(tmp_path, "uid-1", started=1000.0)
+    first.step(1, 2.0)
+    first.save()
+    second = GoodputLog(tmp_path, "uid-1", started=first.ledger.updated_at + 5.0)
+    assert (second.ledger.restarts, second.ledger.high_water) == (1, 1)
+    assert second.ledger.seconds[WAITING] == pytest.approx(5.0) and second.ledger.seconds[PRODUCTIVE] == 2.0
+    # Another run in the same folder (a new job on the claim) starts its own; so does a damaged file.
+    assert GoodputLog(tmp_path, "uid-2", started=1.0).ledger == Ledger.begin(None, "uid-2", now=1.0)
+    (tmp_path / LEDGER_FILE).write_text("{not json")
+    assert GoodputLog(tmp_path, "uid-1", started=1.0).ledger == Ledger.begin(None, "uid-1", now=1.0)
+    # Ranks other than 0 keep theirs in memory only.
+    GoodputLog(None, "uid-1", started=1.0).save()
+    assert [p.name for p in tmp_path.iterdir()] == [LEDGER_FILE]

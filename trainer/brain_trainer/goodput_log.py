@@ -1,8 +1,10 @@
 """Rank 0's goodput ledger on disk: goodput.Ledger kept in the checkpoint folder, which outlives trainers.
 
-Written after every step (a few hundred bytes, replaced atomically), so the
-high-water mark a restarted trainer reads is the furthest step any trainer
-finished, and the steps lost since the last commit count as recomputation.
+Written at every logging step and otherwise at most every WRITE_SECONDS (a
+few hundred bytes, replaced atomically: about a millisecond on a local disk,
+more on network storage), so the high-water mark a restarted trainer reads is
+within half a second of the furthest step any trainer finished, and the steps
+lost since the last commit count as recomputation.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .progress import write_atomic
 log = logging.getLogger(__name__)
 
 LEDGER_FILE = "goodput.json"
+WRITE_SECONDS = 0.5
 
 
 class GoodputLog:
@@ -28,6 +31,7 @@ class GoodputLog:
     def __init__(self, folder: Optional[Path], run_id: str, started: float):
         self.path = folder / LEDGER_FILE if folder is not None else None
         self.ledger = Ledger.begin(self._read(), run_id, started)
+        self._written: Optional[float] = None  # time.monotonic() of the latest write
         self._warned = False
 
     def record(self, kind: str, seconds: float) -> None:
@@ -39,9 +43,12 @@ class GoodputLog:
     def summary(self) -> Goodput:
         return summary(self.ledger)
 
-    def save(self) -> None:
-        if self.path is None:
+    def save(self, *, force: bool = True) -> None:
+        """Write the ledger; force=False: only if WRITE_SECONDS passed since the latest write."""
+        now = time.monotonic()
+        if self.path is None or not (force or self._written is None or now - self._written >= WRITE_SECONDS):
             return
+        self._written = now
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(str(self.path), json.dumps(self.ledger.to_dict()) + "\n")

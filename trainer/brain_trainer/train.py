@@ -417,9 +417,10 @@ def _run(args: Namespace, rank: int, world_size: int, device: torch.device, repo
             last_log_time += spent  # throughput counts training only
             goodput.record(EVALUATION, spent)
             now = time.perf_counter()  # the next step's time starts after the evaluation
-        goodput.save()
+        logging_step = not state.step % training.log_interval or state.step == training.steps
+        goodput.save(force=logging_step)
         last_step_time, stalled = now, ckpt.stall_total_s
-        if state.step % training.log_interval and state.step != training.steps:
+        if not logging_step:
             continue
         mean_loss = wrapper.all_reduce_metrics({"loss": running_loss.item() / micro_losses})["loss"]
         now = time.perf_counter()
