@@ -229,7 +229,8 @@ class MetricsConfig:
 
     port: int = setting(METRICS_PORT, minimum=0, maximum=65535, derived=True, help="rank 0 serves /metrics and /progress here; 0 disables")
     tensorboard_dir: Optional[str] = setting(
-        None, help="rank 0 writes TensorBoard scalars (loss, learning rate, tokens/s, gradient norm, MFU) into this folder; "
+        None, help="rank 0 writes TensorBoard scalars (loss, eval loss, learning rate, tokens/s, gradient norm, MFU, goodput) "
+        "into this folder; "
         "in a cluster, a path on a mounted volume such as the checkpoint claim"
     )
     peak_flops: Optional[float] = setting(
