@@ -50,6 +50,11 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
         raise
+    # The result is delivered; leave without the interpreter's teardown, where libtorch's static
+    # destructors now and then abort ("terminate called without an active exception") after a clean run.
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
