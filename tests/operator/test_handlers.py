@@ -226,19 +226,24 @@ def pod_named(name, *, failed=False):
     return match
 
 
+def serve_resources(km, tmp_path, monkeypatch):
+    """Our resources in kmock, and a kubeconfig that points the kubernetes client at it."""
+    for key, (kind, namespaced, subresources) in RESOURCES.items():
+        km.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": str(km.url).rstrip("/")}}],
+        "users": [{"name": "kmock", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+    }))
+    # What KUBECONFIG does, for a library that read the variable at import time.
+    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+
+
 async def operator_scenario(tmp_path, monkeypatch):
     async with Emulator() as km, kmock.Server(km):
-        for key, (kind, namespaced, subresources) in RESOURCES.items():
-            km.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": str(km.url).rstrip("/")}}],
-            "users": [{"name": "kmock", "user": {"token": "test"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
-        }))
-        # What KUBECONFIG does, for a library that read the variable at import time.
-        monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        serve_resources(km, tmp_path, monkeypatch)
         client = await asyncio.to_thread(KubernetesClient)
         settings = kopf.OperatorSettings()
         # kmock cannot list cluster-scoped namespaces: watch the named namespace as given (what kopf

@@ -18,10 +18,8 @@ from typing import Optional
 import aiohttp.web
 import kmock
 import kopf
-import kubernetes.config.kube_config
 import pytest
-import yaml
-from test_handlers import NS, RESOURCES, VERBS, Emulator, first_event, manifest, pod_named
+from test_handlers import NS, Emulator, first_event, manifest, pod_named, serve_resources
 
 from brain_operator import handlers
 from brain_operator.cluster import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, ObjectRef
@@ -81,20 +79,6 @@ class FaultyEmulator(Emulator):
             body = json.loads(response.body)
             return aiohttp.web.json_response({**body, "reason": "AlreadyExists"}, status=409)
         return response
-
-
-def serve_resources(km, tmp_path, monkeypatch):
-    """Our resources in kmock, and a kubeconfig that points the kubernetes client at it."""
-    for key, (kind, namespaced, subresources) in RESOURCES.items():
-        km.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS, subresources=subresources)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": str(km.url).rstrip("/")}}],
-        "users": [{"name": "kmock", "user": {"token": "test"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
-    }))
-    monkeypatch.setattr(kubernetes.config.kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
 
 
 @contextlib.asynccontextmanager
