@@ -4,29 +4,21 @@ Also what the indexes keep of a child (children.observed_child): enough that
 the plan made from it equals the plan made from the full objects.
 """
 
-from datetime import datetime, timezone
-
 import pytest
 from counting_cluster import CountingCluster, watched
 from fake_cluster import FakeCluster
+from test_reconcile import NS, T0
+from test_reconcile import manifest as reconcile_manifest
 
 from brain_operator.children import WATCHED_KINDS, observed_child
 from brain_operator.reconcile import plan, reconcile, watched_kinds
 from brain_operator.render import render
-from brain_operator.spec import API_VERSION, KIND, parse_job
-
-T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
-NS = "default"
+from brain_operator.spec import parse_job
 
 
 def manifest(name="j", nodes=4, **spec):
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"image": "registry.example/brain-trainer:1", "nodes": nodes,
-                 "checkpoint": {"volumeClaimTemplate": {"storage": "1Gi"}}, **spec},
-    }
+    """test_reconcile's job, with a checkpoint claim of its own so that every child kind is there to watch."""
+    return reconcile_manifest(name, nodes, checkpoint={"volumeClaimTemplate": {"storage": "1Gi"}}, **spec)
 
 
 def step(cluster, counting, name="j"):
