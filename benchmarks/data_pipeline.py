@@ -83,8 +83,8 @@ def child_encode(method: str, corpus: str, tokenizer: str, threads: str) -> None
 
 
 def child_prepare(corpus: str, tokenizer: str, out: str, threads: str) -> None:
-    from brain_trainer.tokens.options import PrepareOptions
-    from brain_trainer.tokens.prepare import prepare
+    from brain_trainer.data.tokens.options import PrepareOptions
+    from brain_trainer.data.tokens.prepare import prepare
 
     options = PrepareOptions(inputs=[corpus], out=out, tokenizer=tokenizer, workers=int(threads), force=True)
     with open(os.devnull, "w") as quiet:
@@ -95,7 +95,7 @@ def child_prepare(corpus: str, tokenizer: str, out: str, threads: str) -> None:
 
 def child_train(steps: str, threads: str) -> None:
     from brain_trainer.config import TrainerConfig
-    from brain_trainer.train import train
+    from brain_trainer.loop.train import train
 
     cfg = TrainerConfig.from_dict({
         "model": {"preset": "minimal"},
@@ -109,8 +109,8 @@ def child_train(steps: str, threads: str) -> None:
 
 
 def bench_prepare(tmp: Path, megabytes: float, thread_counts: list[int], repeats: int) -> None:
-    from brain_trainer.tokens.corpus import Corpus
-    from brain_trainer.tokens.tokenizer import train_bpe
+    from brain_trainer.data.tokens.corpus import Corpus
+    from brain_trainer.data.tokens.tokenizer import train_bpe
 
     corpus, text_bytes = corpus_jsonl(tmp, megabytes)
     tokenizer = tmp / "tokenizer.json"
@@ -134,8 +134,8 @@ def bench_prepare(tmp: Path, megabytes: float, thread_counts: list[int], repeats
 
 def synthetic_dataset(folder: Path, gigabytes: float) -> Path:
     """A dataset of random uint16 ids, written as prepare writes one."""
-    from brain_trainer.tokens.tokenizer import ByteTokenizer
-    from brain_trainer.tokens.writer import DatasetWriter
+    from brain_trainer.data.tokens.tokenizer import ByteTokenizer
+    from brain_trainer.data.tokens.writer import DatasetWriter
 
     tokens, chunk = int(gigabytes * 1e9) // 2, 1 << 25
     rng = np.random.default_rng(0)
@@ -167,8 +167,8 @@ def bench_loader(path: Path, steps: int) -> None:
     import torch
 
     from brain_trainer.config import DistributedConfig
-    from brain_trainer.data import RankAwareDataLoader
-    from brain_trainer.tokens.dataset import TokenDataset
+    from brain_trainer.data.loader import RankAwareDataLoader
+    from brain_trainer.data.tokens.dataset import TokenDataset
 
     consumed = child("train", str(steps), str(torch.get_num_threads()))
     start = time.perf_counter()
@@ -190,9 +190,9 @@ def bench_loader(path: Path, steps: int) -> None:
 
 def bench_memory(path: Path) -> None:
     from brain_trainer.config import DistributedConfig
-    from brain_trainer.data import RankAwareDataLoader
-    from brain_trainer.tokens.dataset import TokenDataset
-    from brain_trainer.tokens.format import read_manifest
+    from brain_trainer.data.loader import RankAwareDataLoader
+    from brain_trainer.data.tokens.dataset import TokenDataset
+    from brain_trainer.data.tokens.format import read_manifest
 
     seq_len = 2047
     ds = TokenDataset(path, seq_len)

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/gpu_throughput.py [--steps 30] [--micro-batch 4] [--seq-len 2048] [--compile]
     torchrun --nproc-per-node 8 benchmarks/gpu_throughput.py        # FSDP over every GPU of a node
 
-Runs the real training loop (`brain_trainer.train`) on synthetic data, drops
+Runs the real training loop (`brain_trainer.loop.train`) on synthetic data, drops
 the warm-up steps, and prints tokens/s/GPU and MFU against the GPU's dense
 bf16 peak (target >= 45%). Model FLOPs per token are the usual 6 x parameters
 for the matrix multiplies plus 12 x layers x d_model x seq_len for attention
@@ -20,8 +20,8 @@ import sys
 import torch
 
 from brain_trainer.config import TrainerConfig
-from brain_trainer.presets import param_count, preset_config
-from brain_trainer.train import train
+from brain_trainer.config.presets import param_count, preset_config
+from brain_trainer.loop.train import train
 
 # Dense bf16 tensor-core peak, TFLOP/s, by device-name fragment (vendor data sheets).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 70.0}

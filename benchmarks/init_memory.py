@@ -40,10 +40,10 @@ def child(arm: str, preset: str, world: int, rank: int) -> dict:
     torch.set_num_threads(1)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     from brain_trainer.config import TrainerConfig
-    from brain_trainer.fsdp import FSDPWrapper
-    from brain_trainer.memory_report import held_parameter_bytes
-    from brain_trainer.model import build_model
-    from brain_trainer.train import build_and_wrap
+    from brain_trainer.parallel.fsdp import FSDPWrapper
+    from brain_trainer.observe.memory_report import held_parameter_bytes
+    from brain_trainer.model.brain_ai import build_model
+    from brain_trainer.loop.train import build_and_wrap
 
     cfg = TrainerConfig.from_dict(
         {"model": {"preset": preset}, "distributed": {"strategy": "fsdp", "fsdp_sharding": "full_shard"}}
@@ -78,7 +78,7 @@ def main() -> None:
         print(json.dumps(child(arm, preset, int(world), int(rank))))
         return
 
-    from brain_trainer.presets import param_count
+    from brain_trainer.config.presets import param_count
 
     whole_fp32 = 4 * param_count(args.preset)
     print(f"preset {args.preset}: {whole_fp32 / MB:.0f} MB of fp32 parameters; FSDP2 full_shard on CPU, peak resident set per rank")

@@ -34,10 +34,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from brain_trainer.config import TrainerConfig
-from brain_trainer.data import ByteFileDataset
-from brain_trainer.launcher import free_port
-from brain_trainer.model import build_model
-from brain_trainer.train import train
+from brain_trainer.data.loader import ByteFileDataset
+from brain_trainer.loop.train import train
+from brain_trainer.model.brain_ai import build_model
+from brain_trainer.parallel.launcher import free_port
 
 WORLD_SIZE = 2
 MICRO_BATCH = 8

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from brain_trainer.launcher import free_port
+from brain_trainer.parallel.launcher import free_port
 
 __all__ = ["free_port", "run_ranks"]
 

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from brain_trainer import kubeyaml
+from brain_trainer.config import kubeyaml
 from brain_trainer.config import read_yaml
-from brain_trainer.export_args import add_arguments as add_export_arguments
+from brain_trainer.data.tokens.options import add_arguments as add_prepare_arguments
+from brain_trainer.model.export_args import add_arguments as add_export_arguments
 from brain_trainer.schema import ConfigError, FieldError
-from brain_trainer.tokens.options import add_arguments as add_prepare_arguments
 
 from . import __version__
 from .local_plan import LocalRunError
@@ -92,7 +92,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     try:  # torch: the trainer's extra, absent from the operator image
-        from brain_trainer.export import run
+        from brain_trainer.model.export import run
     except ImportError as exc:
         raise CliError(f"export needs the trainer extra (pip install 'brain-train[trainer]'): {exc}") from None
     return run(args)
@@ -121,7 +121,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     try:  # numpy and tokenizers: the trainer's extra, absent from the operator image
-        from brain_trainer.tokens.prepare import run
+        from brain_trainer.data.tokens.prepare import run
     except ImportError as exc:
         raise CliError(f"prepare needs the trainer extra (pip install 'brain-train[trainer]'): {exc}") from None
     return run(args, prog="braintrain prepare")

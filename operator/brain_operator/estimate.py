@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from brain_trainer.memory import (
+from brain_trainer.parallel.memory import (
     GIB,
     HostPlan,
     MemoryPlan,

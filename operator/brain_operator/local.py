@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Optional, TextIO
 
 from brain_trainer.checkpoint.store import Candidate, list_checkpoints
 from brain_trainer.contract import CONFIG_FILE, ERROR, PROGRESS_FILE_ENV, Progress, cause_rank, format_time, parse_termination
-from brain_trainer.launcher import free_port
+from brain_trainer.parallel.launcher import free_port
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
 from .failure_policy import WorkerFailure, consequence

@@ -9,10 +9,10 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from brain_operator.render import render
 from brain_operator.names import JOB_NAME_LABEL
-from brain_trainer.contract import METRICS_PATH, METRICS_PORT_NAME
+from brain_operator.render import render
 from brain_operator.spec import OperatorDefaults, parse_job
+from brain_trainer.contract import METRICS_PATH, METRICS_PORT_NAME
 from brain_trainer.schema import ConfigError
 from chart_render import CHART, REPO, only, render_objects
 from upstream_crds import crd_schemas, violations

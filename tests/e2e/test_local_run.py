@@ -243,7 +243,7 @@ def test_a_frozen_trainer_is_noticed_by_its_peer_and_the_group_resumes_with_the_
     assert frozen is not None, "the run ended before a trainer could be frozen"
     assert summary(out)["status"] == "Succeeded"
     # Rank 0 (worker pod 0) noticed within the floor the job configured, not the process group's 30-minute timeout.
-    stalled = [line for line in out.splitlines() if "brain_trainer.watchdog ERROR stalled: " in line]
+    stalled = [line for line in out.splitlines() if "brain_trainer.resilience.watchdog ERROR stalled: " in line]
     assert len(stalled) == 1 and stalled[0].startswith("[local-minimal-worker-0] "), out
     assert f"(limit {WATCHDOG_FLOOR} s: floorSeconds;" in stalled[0]
     # Its stacks are in the log: the main thread where it waited, the watchdog's own.

@@ -9,7 +9,7 @@ from brain_operator import handlers
 from brain_operator.cluster import ObjectRef
 from brain_operator.on_demand import answered_events
 from brain_trainer.contract import CONFIG_FILE, Progress
-from brain_trainer.metrics import MetricsServer
+from brain_trainer.observe.metrics import MetricsServer
 
 CONFIG_MAP = ObjectRef("v1", "ConfigMap", NS, "j-config")
 

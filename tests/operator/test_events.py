@@ -1,7 +1,7 @@
 """Events: one per phase transition and per worker failure; none when nothing changed."""
 
-from brain_trainer.contract import PREEMPTED
 from brain_operator.events import Event, compute_events, pod_exit
+from brain_trainer.contract import PREEMPTED
 
 
 def failed_pod(name, *, exit_code=None, reason=None, pod_reason=None, message=None):

@@ -22,7 +22,7 @@ from brain_operator import handlers
 from brain_operator.cluster import KubernetesClient
 from brain_operator.spec import API_VERSION, KIND, PLURAL, OperatorDefaults
 from brain_trainer.contract import METRICS_PORT, Progress
-from brain_trainer.metrics import MetricsServer
+from brain_trainer.observe.metrics import MetricsServer
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 NS = "default"

@@ -10,7 +10,7 @@ import sys
 
 from brain_trainer import __main__ as trainer_main
 
-train = importlib.import_module("brain_trainer.train")  # the module (the package exports its train function)
+train = importlib.import_module("brain_trainer.loop.train")  # the module (the package exports its train function)
 
 MODE, AT, RANK = os.environ["FAIL_MODE"], int(os.environ["FAIL_AT"]), os.environ["FAIL_RANK"]
 real_loss = train.loss_fn

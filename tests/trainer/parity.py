@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from brain_trainer.model import BrainAI
+from brain_trainer.model.brain_ai import BrainAI
 
 SEQ_LEN = 16
 LR = 5e-3

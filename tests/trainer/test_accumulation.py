@@ -9,7 +9,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from brain_trainer import DDPWrapper, DistributedConfig, FSDPWrapper, GradientAccumulator
-from brain_trainer.fsdp import unit_names
+from brain_trainer.parallel.fsdp import unit_names
 from harness import run_ranks
 from parity import global_batches, lm_loss, minimal_model, optimizer_for, rank_slice, reference_gradients
 

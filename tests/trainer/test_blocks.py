@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from brain_trainer.blocks import apply_block_options, block_names, checkpointed_blocks
-from brain_trainer.model import BrainAI
-from brain_trainer.presets import preset_config
+from brain_trainer.config.presets import preset_config
+from brain_trainer.model.brain_ai import BrainAI
+from brain_trainer.parallel.blocks import apply_block_options, block_names, checkpointed_blocks
 
 STEPS = 2
 # The minimal preset, shallower and narrower: what is compared is the blocks' plumbing, not the model's size.

@@ -11,8 +11,10 @@ from harness import run_ranks
 from torch import nn
 
 from brain_trainer.checkpoint import CheckpointManager, TrainState, store
+from brain_trainer.checkpoint.young_daly import FIRST_INTERVAL_STEPS
 from brain_trainer.config import CheckpointConfig
-from brain_trainer.young_daly import FIRST_INTERVAL_STEPS
+from brain_trainer.loop import boundary
+from brain_trainer.resilience.preemption import Preemption
 
 STEPS = FIRST_INTERVAL_STEPS + 40
 # 12 ms between failures: the optimum is at most that long, a handful of these steps.
@@ -28,8 +30,8 @@ def auto_loop(rank: int, world_size: int, root: str) -> dict:
                            preemption_vote_seconds=0)
     ckpt = CheckpointManager(cfg, rank=rank, world_size=world_size, config_hash="auto")
     ckpt.restore(state)
-    if rank == 0:  # as train.py does: rank 0 alone holds the figure
-        ckpt.mtbf_s = 60 * MTBF_MINUTES
+    # As train.py does: rank 0 alone holds the figure.
+    preemption = Preemption(cfg, rank=rank, group=ckpt.group, mtbf_s=60 * MTBF_MINUTES if rank == 0 else 0.0)
     decisions = []  # (step, interval in force, saved)
     for _ in range(STEPS):
         model(torch.ones(2, 4)).sum().backward()
@@ -37,9 +39,9 @@ def auto_loop(rank: int, world_size: int, root: str) -> dict:
         optim.zero_grad()
         state.step += 1
         interval, stalled = ckpt.interval, ckpt.stall_total_s
-        ckpt.after_step(state)
+        boundary.after_step(state, ckpt, preemption)
         decisions.append((state.step, interval, ckpt.stall_total_s > stalled))  # a blocking save stalls the loop
-    ckpt.finish(state)
+    boundary.finish(state, ckpt, preemption)
     return {"decisions": decisions, "final interval": ckpt.interval}
 
 

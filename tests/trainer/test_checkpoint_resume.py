@@ -27,8 +27,8 @@ from safetensors.torch import load_file
 
 from brain_trainer import contract
 from brain_trainer.checkpoint import store
-from brain_trainer.data import RankAwareSampler, SyntheticDataset
-from brain_trainer.export import export
+from brain_trainer.data.loader import RankAwareSampler, SyntheticDataset
+from brain_trainer.model.export import export
 
 HERE = Path(__file__).parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")

@@ -1,7 +1,7 @@
 """The preemption vote on real gloo ranks: one rank gets SIGTERM, every rank stops after the same step.
 
 Three loops in one 2-rank run, each with its own checkpoint folder; rank 1 signals itself (a real
-SIGTERM, handled by CheckpointManager) after one step:
+SIGTERM, handled by Preemption) after one step:
 - votes after every step (preemption_vote_seconds 0): both ranks stop after the next step;
 - votes far apart (preemption_vote_seconds 3600, so none after the first steps) with a save every 5
   steps: the vote held before the save stops both ranks there;
@@ -21,9 +21,10 @@ from harness import run_ranks
 from torch import nn
 
 from brain_trainer import contract
-from brain_trainer.checkpoint import CheckpointManager, Preempted, TrainState, store
-from brain_trainer.checkpoint.manager import steps_between_votes
+from brain_trainer.checkpoint import CheckpointManager, TrainState, store
 from brain_trainer.config import CheckpointConfig
+from brain_trainer.loop import boundary
+from brain_trainer.resilience.preemption import Preempted, Preemption, steps_between_votes
 
 STEPS, SIGNAL_AFTER = 12, 2
 LOOPS = {  # name: (preemption_vote_seconds, interval_steps, step every rank stops after)
@@ -42,6 +43,7 @@ def _loop(rank: int, world_size: int, root: Path, vote_s: float, interval: int) 
                            preemption_vote_seconds=vote_s)
     ckpt = CheckpointManager(cfg, rank=rank, world_size=world_size, config_hash="vote")
     ckpt.restore(state)
+    preemption = Preemption(cfg, rank=rank, group=ckpt.group)
     os.environ["BRAIN_TERMINATION_LOG"] = str(root.parent / f"{root.name}-term{rank}")
     try:
         for _ in range(STEPS):
@@ -49,10 +51,10 @@ def _loop(rank: int, world_size: int, root: Path, vote_s: float, interval: int) 
             optim.step()
             optim.zero_grad()
             state.step += 1
-            ckpt.after_step(state)
+            boundary.after_step(state, ckpt, preemption)
             if state.step == SIGNAL_AFTER and rank == 1:
                 os.kill(os.getpid(), signal.SIGTERM)  # handled before the next step starts
-        ckpt.finish(state)
+        boundary.finish(state, ckpt, preemption)
     except Preempted as stop:
         return {"code": stop.code, "step": state.step}
     return {"code": 0, "step": state.step}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from brain_trainer.config import DataConfig, DistributedConfig
-from brain_trainer.data import ByteFileDataset, RankAwareDataLoader, SyntheticDataset, build_dataset
+from brain_trainer.data.loader import ByteFileDataset, RankAwareDataLoader, SyntheticDataset, build_dataset
 from brain_trainer.schema import ConfigError
 
 

@@ -37,9 +37,9 @@ from brain_operator.spec import parse_job
 from brain_trainer import contract
 from brain_trainer.checkpoint import CheckpointManager, TrainState, store
 from brain_trainer.config import CheckpointConfig
-from brain_trainer.failures import DataError, Fatal, classify
+from brain_trainer.data.errors import DataError
+from brain_trainer.resilience.failures import Fatal, classify
 from brain_trainer.schema import ConfigError, FieldError
-from brain_trainer.tokens.format import DatasetError
 
 HERE = Path(__file__).parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -60,9 +60,9 @@ def enospc(path="/ckpt/__0_0.distcp"):
      "CUDA out of memory. Tried to allocate 2 GiB"),
     (ConfigError([FieldError("training.steps", "must be >= 1, got 0"), FieldError("x", "y")]), "config-error",
      "training.steps: must be >= 1, got 0 (and 1 more)"),
-    (DataError([FieldError("data.path", "no files match '/nope/*.txt'")]), "data-error",
+    (DataError("no files match '/nope/*.txt'", field="data.path"), "data-error",
      "data.path: no files match '/nope/*.txt'"),
-    (DatasetError("/data/train-0.bin: checksum mismatch"), "data-error", "/data/train-0.bin: checksum mismatch"),
+    (DataError("/data/train-0.bin: checksum mismatch"), "data-error", "/data/train-0.bin: checksum mismatch"),
     (dist.DistBackendError("[gloo] Connection closed by peer [127.0.0.1]:4242"), "collective-timeout",
      "DistBackendError: [gloo] Connection closed by peer [127.0.0.1]:4242"),
     (RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"), "collective-timeout",

@@ -1,8 +1,8 @@
-"""MFU (brain_trainer.flops): pure."""
+"""MFU (brain_trainer.observe.flops): pure."""
 
 import pytest
 
-from brain_trainer.flops import mfu, peak_flops, training_flops_per_token
+from brain_trainer.observe.flops import mfu, peak_flops, training_flops_per_token
 
 
 @pytest.mark.parametrize("name, peak", [

@@ -7,9 +7,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from brain_trainer import DistributedConfig, FSDPWrapper
-from brain_trainer.ddp import all_reduce_mean
-from brain_trainer.blocks import block_names, checkpointed_blocks
-from brain_trainer.fsdp import ShardingPolicy, mesh_shape, unit_names
+from brain_trainer.parallel.blocks import block_names, checkpointed_blocks
+from brain_trainer.parallel.ddp import all_reduce_mean
+from brain_trainer.parallel.fsdp import ShardingPolicy, mesh_shape, unit_names
 from harness import run_ranks
 from parity import (
     STEPS,

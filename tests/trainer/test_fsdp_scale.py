@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from brain_trainer import BrainAI, DistributedConfig, FSDPWrapper
-from brain_trainer.presets import param_count
+from brain_trainer.config.presets import param_count
 
 WORLD_SIZE = 8
 

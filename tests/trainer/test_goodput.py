@@ -1,11 +1,11 @@
-"""The goodput ledger (brain_trainer.goodput, pure) and its file (goodput_log)."""
+"""The goodput ledger (brain_trainer.observe.goodput, pure) and its file (goodput_log)."""
 
 import pytest
 
-from brain_trainer.goodput import (
+from brain_trainer.observe.goodput import (
     CHECKPOINT, INITIALIZATION, PRODUCTIVE, RECOMPUTED, WAITING, Ledger, summary,
 )
-from brain_trainer.goodput_log import LEDGER_FILE, GoodputLog
+from brain_trainer.observe.goodput_log import LEDGER_FILE, GoodputLog
 
 
 def first_trainer():

@@ -19,16 +19,16 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from brain_trainer import export as exporter
 from brain_trainer.checkpoint import save_model, shards, store
 from brain_trainer.config import ModelConfig, TrainerConfig
+from brain_trainer.config.presets import preset_config
 from brain_trainer.contract import CONFIG_ERROR
-from brain_trainer.init_from import open_source
-from brain_trainer.materialize import Initializer, build
-from brain_trainer.model import BrainAI
-from brain_trainer.presets import preset_config
+from brain_trainer.loop.train import build_and_wrap, train
+from brain_trainer.model import export as exporter
+from brain_trainer.model.brain_ai import BrainAI
+from brain_trainer.model.init_from import open_source
+from brain_trainer.model.materialize import Initializer, build
 from brain_trainer.schema import ConfigError
-from brain_trainer.train import build_and_wrap, train
 
 FULL_SHARD = {"strategy": "fsdp", "fsdp_sharding": "full_shard"}
 STEPS_A = 2
@@ -194,7 +194,7 @@ def test_the_trainer_refuses_a_bad_init_from_before_training(tmp_path):
 EXPORT_PEAK = """
 import sys
 from pathlib import Path
-from brain_trainer import export
+from brain_trainer.model import export
 
 def status(key):
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key + ":"))

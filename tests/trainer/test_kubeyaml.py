@@ -1,4 +1,4 @@
-"""brain_trainer.kubeyaml: YAML read as kubectl reads it, held against what the API server would store.
+"""brain_trainer.config.kubeyaml: YAML read as kubectl reads it, held against what the API server would store.
 
 What the API server stores is what kubectl sends: kubectl (and the API server
 itself, for YAML apply patches) turns YAML into JSON with sigs.k8s.io/yaml's
@@ -23,7 +23,7 @@ import math
 import helm_python as helm
 import pytest
 import yaml
-from brain_trainer import kubeyaml
+from brain_trainer.config import kubeyaml
 from brain_trainer.config import DataConfig, TrainerConfig, TrainingConfig, read_yaml
 from brain_trainer.schema import ConfigError
 

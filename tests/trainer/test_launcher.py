@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from brain_trainer import ConfigError, DistributedConfig, DistributedLauncher
-from brain_trainer.launcher import detect_environment, expand_nodelist, free_port, tasks_on_node, torch_environment
+from brain_trainer.parallel.launcher import detect_environment, expand_nodelist, free_port, tasks_on_node, torch_environment
 
 ALL_VARIABLES = (
     "TORCHELASTIC_RUN_ID", "GROUP_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from brain_trainer import ConfigError, TrainerConfig
-from brain_trainer.memory import (
+from brain_trainer.parallel.memory import (
     GIB,
     plan_host_memory,
     GIB,
@@ -23,7 +23,7 @@ from brain_trainer.memory import (
     resolve_distributed,
     strategy_ladder,
 )
-from brain_trainer.presets import MODEL_PRESETS, param_count, wrap_unit_params
+from brain_trainer.config.presets import MODEL_PRESETS, param_count, wrap_unit_params
 
 GB = 10**9
 MINIMAL = MODEL_PRESETS["minimal"]
@@ -34,8 +34,8 @@ U = max(wrap_unit_params(MINIMAL))
 def test_planner_presets_and_config_do_not_import_torch():
     code = (
         "import sys\n"
-        "import brain_trainer, brain_trainer.config, brain_trainer.presets, brain_trainer.memory\n"
-        "brain_trainer.memory.choose_strategy('7b', world_size=8, device_memory_bytes=80 * 10**9)\n"
+        "import brain_trainer, brain_trainer.config, brain_trainer.config.presets, brain_trainer.parallel.memory\n"
+        "brain_trainer.parallel.memory.choose_strategy('7b', world_size=8, device_memory_bytes=80 * 10**9)\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -88,7 +88,7 @@ def test_activation_estimate_matches_tensors_saved_by_the_real_model():
     import torch
     import torch.nn.functional as F
 
-    from brain_trainer.model import BrainAI
+    from brain_trainer.model.brain_ai import BrainAI
 
     torch.manual_seed(0)
     model = BrainAI.from_preset("minimal")

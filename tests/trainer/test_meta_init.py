@@ -14,12 +14,12 @@ from harness import run_ranks
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from brain_trainer.config import ModelConfig, TrainerConfig
-from brain_trainer.materialize import Initializer, build, is_meta
-from brain_trainer.memory_report import measure
-from brain_trainer.model import INIT_STD
-from brain_trainer.presets import param_count
+from brain_trainer.config.presets import param_count
+from brain_trainer.loop.train import build_and_wrap
+from brain_trainer.model.brain_ai import INIT_STD
+from brain_trainer.model.materialize import Initializer, build, is_meta
+from brain_trainer.observe.memory_report import measure
 from brain_trainer.schema import ConfigError
-from brain_trainer.train import build_and_wrap
 
 SEED = 7
 PRESET = {"preset": "minimal"}

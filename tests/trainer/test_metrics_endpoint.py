@@ -5,7 +5,7 @@ import socket
 import urllib.request
 
 from brain_trainer.contract import Goodput, Progress
-from brain_trainer.metrics import MetricsServer, start_metrics_server
+from brain_trainer.observe.metrics import MetricsServer, start_metrics_server
 
 
 def fetch(port: int, path: str) -> bytes:

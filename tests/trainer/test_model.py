@@ -13,8 +13,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from brain_trainer import BrainAI, ConfigError
 from brain_trainer.config import ModelConfig
-from brain_trainer.model import SCAN_CHUNK, Spike, build_model, gated_scan
-from brain_trainer.presets import (
+from brain_trainer.model.brain_ai import SCAN_CHUNK, Spike, build_model, gated_scan
+from brain_trainer.config.presets import (
     MODEL_PRESETS,
     NOMINAL_PARAMS,
     STACKS,

@@ -7,7 +7,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from brain_trainer.config import TrainingConfig
-from brain_trainer.schedule import WarmupCosine, follow_config, peak_learning_rate
+from brain_trainer.loop.schedule import WarmupCosine, follow_config, peak_learning_rate
 
 
 def test_warmup_rises_linearly_to_the_peak():

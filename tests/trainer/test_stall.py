@@ -1,11 +1,11 @@
-"""The hang watchdog's limits (brain_trainer.stall): pure."""
+"""The hang watchdog's limits (brain_trainer.resilience.stall): pure."""
 
 from __future__ import annotations
 
 import pytest
 
 from brain_trainer.config import WatchdogConfig
-from brain_trainer.stall import CHECKPOINT, EVALUATION, STEP, Limit, StepTimes, limit, stall_message
+from brain_trainer.resilience.stall import CHECKPOINT, EVALUATION, STEP, Limit, StepTimes, limit, stall_message
 
 CFG = WatchdogConfig(step_time_factor=10, floor_seconds=30, warmup_steps=3, startup_seconds=600, checkpoint_seconds=900)
 

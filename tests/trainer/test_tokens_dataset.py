@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from brain_trainer.config import DistributedConfig
-from brain_trainer.data import RankAwareDataLoader
-from brain_trainer.tokens import dataset as dataset_module
-from brain_trainer.tokens.dataset import TokenDataset
-from brain_trainer.tokens.tokenizer import ByteTokenizer
-from brain_trainer.tokens.writer import DatasetWriter
+from brain_trainer.data.loader import RankAwareDataLoader
+from brain_trainer.data.tokens import dataset as dataset_module
+from brain_trainer.data.tokens.dataset import TokenDataset
+from brain_trainer.data.tokens.tokenizer import ByteTokenizer
+from brain_trainer.data.tokens.writer import DatasetWriter
 
 SEQ_LEN = 31
 
@@ -89,7 +89,7 @@ def test_reading_through_the_corpus_keeps_resident_memory_flat(tmp_path):
 
 def test_prepare_command_line_stays_light():
     """`braintrain` builds prepare's parser without numpy, tokenizers or torch (the operator image has none)."""
-    code = ("import sys, brain_operator.cli, brain_trainer.tokens.format; "
+    code = ("import sys, brain_operator.cli, brain_trainer.data.tokens.format; "
             "print([m for m in ('numpy', 'tokenizers', 'torch') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -14,10 +14,11 @@ import torch
 from tokens_corpus import PROG, prepare, stdlib_globs
 
 from brain_trainer.contract import DATA_ERROR, EXIT_CODES
-from brain_trainer.tokens.dataset import TokenDataset
-from brain_trainer.tokens.format import DatasetError, check_seq_len, in_validation, read_manifest
-from brain_trainer.tokens.tokenizer import ByteTokenizer, TokenizerError, load_dataset_tokenizer, train_bpe
-from brain_trainer.tokens.writer import DatasetWriter
+from brain_trainer.data.errors import DataError
+from brain_trainer.data.tokens.dataset import TokenDataset
+from brain_trainer.data.tokens.format import check_seq_len, in_validation, read_manifest
+from brain_trainer.data.tokens.tokenizer import ByteTokenizer, TokenizerError, load_dataset_tokenizer, train_bpe
+from brain_trainer.data.tokens.writer import DatasetWriter
 
 
 def failed(capsys, tmp_path, *argv, code=1):
@@ -132,7 +133,7 @@ def test_an_existing_folder_that_is_not_a_dataset_is_never_replaced(tmp_path, ca
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     out = tmp_path_factory.mktemp("tokens") / "ds"
-    from brain_trainer.tokens.prepare import main
+    from brain_trainer.data.tokens.prepare import main
 
     assert main([*stdlib_globs("json", "email"), "--out", str(out), "--val-fraction", "0.2", "--shard-tokens", "50000"]) == 0
     return out
@@ -146,19 +147,19 @@ def copy(dataset, tmp_path):
 def test_a_folder_without_a_complete_manifest_is_not_a_dataset(copy):
     manifest = (copy / "manifest.json").read_text()
     (copy / "manifest.json").unlink()
-    with pytest.raises(DatasetError, match=rf"^{copy}: not a token dataset \(no manifest.json"):
+    with pytest.raises(DataError, match=rf"^{copy}: not a token dataset \(no manifest.json"):
         TokenDataset(copy, 16)
     (copy / "manifest.json").write_text(manifest[: len(manifest) // 2])
-    with pytest.raises(DatasetError, match=rf"^{copy}/manifest.json: not JSON"):
+    with pytest.raises(DataError, match=rf"^{copy}/manifest.json: not JSON"):
         read_manifest(copy)
     broken = json.loads(manifest)
     broken["train"]["tokens"] += 1
     (copy / "manifest.json").write_text(json.dumps(broken))
-    with pytest.raises(DatasetError, match=r"manifest.json: train.tokens: is \d+, but the shards hold \d+"):
+    with pytest.raises(DataError, match=r"manifest.json: train.tokens: is \d+, but the shards hold \d+"):
         read_manifest(copy)
     broken["format"] = 99
     (copy / "manifest.json").write_text(json.dumps(broken))
-    with pytest.raises(DatasetError, match="format 99; this brain-train reads format 1"):
+    with pytest.raises(DataError, match="format 99; this brain-train reads format 1"):
         read_manifest(copy)
 
 
@@ -167,14 +168,14 @@ def test_a_truncated_missing_or_damaged_shard_is_named_at_open(copy):
     second = copy / manifest.train.shards[1].name
     data = second.read_bytes()
     second.write_bytes(data[:-2])
-    with pytest.raises(DatasetError, match=rf"^{second}: {len(data) - 2} bytes, manifest says {len(data)} \(truncated\)$"):
+    with pytest.raises(DataError, match=rf"^{second}: {len(data) - 2} bytes, manifest says {len(data)} \(truncated\)$"):
         TokenDataset(copy, 16)
     second.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
-    with pytest.raises(DatasetError, match=rf"^{second}: checksum [0-9a-f]{{8}}, manifest says {manifest.train.shards[1].crc32} \(corrupted\)$"):
+    with pytest.raises(DataError, match=rf"^{second}: checksum [0-9a-f]{{8}}, manifest says {manifest.train.shards[1].crc32} \(corrupted\)$"):
         TokenDataset(copy, 16)
     TokenDataset(copy, 16, split="validation")  # the other split is intact
     second.unlink()
-    with pytest.raises(DatasetError, match=rf"^{second}: No such file"):
+    with pytest.raises(DataError, match=rf"^{second}: No such file"):
         TokenDataset(copy, 16)
 
 
@@ -184,9 +185,9 @@ def test_seq_len_longer_than_the_validation_split(dataset):
     assert manifest.train.tokens > held_out + 1
     check_seq_len(manifest, held_out - 1)
     message = rf"the validation split holds {held_out} tokens, fewer than one sequence \(seq_len \+ 1 = {held_out + 1}\)"
-    with pytest.raises(DatasetError, match=message):
+    with pytest.raises(DataError, match=message):
         check_seq_len(manifest, held_out)
-    with pytest.raises(DatasetError, match=rf"^{dataset}: {message}"):
+    with pytest.raises(DataError, match=rf"^{dataset}: {message}"):
         TokenDataset(dataset, held_out, split="validation")
     TokenDataset(dataset, held_out, split="train")  # the training split is longer
 

@@ -14,11 +14,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from tokens_corpus import documents, prepare, split_texts, stdlib_globs, stdlib_texts, stream
 
-from brain_trainer.tokens import prepare as prepare_module
-from brain_trainer.tokens.dataset import TokenDataset
-from brain_trainer.tokens.format import read_manifest
-from brain_trainer.tokens.report import PassProgress
-from brain_trainer.tokens.tokenizer import load_dataset_tokenizer, train_bpe
+from brain_trainer.data.tokens import prepare as prepare_module
+from brain_trainer.data.tokens.dataset import TokenDataset
+from brain_trainer.data.tokens.format import read_manifest
+from brain_trainer.data.tokens.report import PassProgress
+from brain_trainer.data.tokens.tokenizer import load_dataset_tokenizer, train_bpe
 
 PACKAGES = ("json", "email", "concurrent/futures")
 SMALL = ("json", "concurrent/futures")

@@ -23,16 +23,16 @@ from brain_trainer.checkpoint import store
 from brain_trainer.checkpoint.sample_log import SAMPLE_LOG_ENV
 from brain_trainer.config import TrainerConfig
 from brain_trainer.contract import PROGRESS_FILE_ENV, Progress
-from brain_trainer.data import RankAwareSampler
-from brain_trainer.evaluation import Evaluator, eval_batches, rank_batches
-from brain_trainer.materialize import Initializer, build
+from brain_trainer.data.loader import RankAwareSampler
+from brain_trainer.data.tokens.dataset import TokenDataset
+from brain_trainer.data.tokens.format import read_manifest
+from brain_trainer.data.tokens.prepare import main as prepare
+from brain_trainer.data.tokens.source import follow_vocabulary
+from brain_trainer.data.tokens.tokenizer import load_dataset_tokenizer
+from brain_trainer.loop.evaluation import Evaluator, eval_batches, rank_batches
+from brain_trainer.loop.train import build_and_wrap, train
+from brain_trainer.model.materialize import Initializer, build
 from brain_trainer.schema import ConfigError
-from brain_trainer.tokens.dataset import TokenDataset
-from brain_trainer.tokens.format import read_manifest
-from brain_trainer.tokens.prepare import main as prepare
-from brain_trainer.tokens.source import follow_vocabulary
-from brain_trainer.tokens.tokenizer import load_dataset_tokenizer
-from brain_trainer.train import build_and_wrap, train
 
 PACKAGES = ("json", "email")
 SEED, VAL_FRACTION = 0, 0.2

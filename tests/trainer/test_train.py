@@ -17,11 +17,11 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from brain_trainer.config import DistributedConfig, TrainerConfig
-from brain_trainer.data import RankAwareDataLoader, SyntheticDataset
 from brain_trainer.contract import Progress, eta_seconds, format_time
-from brain_trainer.progress import write_progress
+from brain_trainer.data.loader import RankAwareDataLoader, SyntheticDataset
+from brain_trainer.loop.train import param_groups, resolve_strategy, train
+from brain_trainer.observe.progress import write_progress
 from brain_trainer.schema import ConfigError
-from brain_trainer.train import param_groups, resolve_strategy, train
 from harness import free_port, run_ranks
 
 LOG_LINE = re.compile(r"step (\d+)/(\d+) loss ([\d.]+) tokens/s ([\d.]+)")
@@ -128,8 +128,8 @@ def test_a_failing_loop_gives_sigterm_back(tmp_path, monkeypatch):
     def broken_loader(*args, **kwargs):
         raise RuntimeError("data went away")
 
-    # import_module: the package attribute `brain_trainer.train` is the function, not the module
-    monkeypatch.setattr(importlib.import_module("brain_trainer.train"), "RankAwareDataLoader", broken_loader)
+    # import_module: the package attribute `brain_trainer.loop.train` is the function, not the module
+    monkeypatch.setattr(importlib.import_module("brain_trainer.loop.train"), "RankAwareDataLoader", broken_loader)
     cfg = TrainerConfig.from_dict({
         "training": {"steps": 2, "seq_len": 16},
         "checkpoint": {"dir": str(tmp_path / "checkpoints")},

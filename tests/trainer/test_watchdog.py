@@ -1,4 +1,4 @@
-"""The hang watchdog thread (brain_trainer.watchdog) in real processes.
+"""The hang watchdog thread (brain_trainer.resilience.watchdog) in real processes.
 
 Each case runs a small program that steps a few times and then blocks its main
 thread for good, as a rank stuck in a collective does: the watchdog must end
@@ -20,7 +20,7 @@ PROGRAM = textwrap.dedent(
     """
     import logging, sys, threading
     from brain_trainer.config import WatchdogConfig
-    from brain_trainer.watchdog import Watchdog
+    from brain_trainer.resilience.watchdog import Watchdog
 
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(name)s %(message)s")
     watchdog = Watchdog(WatchdogConfig(enabled={enabled}, warmup_steps=1, floor_seconds=0.5, startup_seconds=600,
@@ -55,7 +55,7 @@ def test_a_blocked_rank_dumps_its_stacks_and_exits_stalled(tmp_path, in_save, wh
     proc, message = run(tmp_path, in_save=in_save)
     assert proc.returncode == EXIT_CODES[STALLED] == 82, proc.stderr
     limit = "1 s: checkpointSeconds" if in_save else "0 s: floorSeconds"
-    assert f"brain_trainer.watchdog stalled: {what} for " in proc.stdout
+    assert f"brain_trainer.resilience.watchdog stalled: {what} for " in proc.stdout
     assert f"after step 3 (limit {limit}" in proc.stdout
     # Every thread's stack: the blocked main thread where it waits, and the watchdog's own.
     assert "most recent call first" in proc.stderr

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from brain_trainer.tokens.format import Manifest, in_validation, read_manifest
-from brain_trainer.tokens.prepare import main
+from brain_trainer.data.tokens.format import Manifest, in_validation, read_manifest
+from brain_trainer.data.tokens.prepare import main
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 PROG = "python -m brain_trainer.tokens.prepare"

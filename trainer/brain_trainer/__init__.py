@@ -6,24 +6,24 @@ operator.
 """
 
 from .config import DistributedConfig, TrainerConfig, load_config
+from .config.presets import MODEL_PRESETS, BrainAIConfig, param_count
 from .lazy import lazy_exports
-from .memory import choose_strategy, plan_memory, resolve_distributed
-from .presets import MODEL_PRESETS, BrainAIConfig, param_count
+from .parallel.memory import choose_strategy, plan_memory, resolve_distributed
 from .schema import ConfigError
 from .version import __version__
 
 # name -> submodule that defines it (imported on first access; these need torch)
 _LAZY = {
-    "BrainAI": "model",
-    "build_model": "model",
-    "DDPWrapper": "ddp",
-    "SingleDeviceWrapper": "ddp",
-    "FSDPWrapper": "fsdp",
-    "GradientAccumulator": "accumulation",
-    "DistributedLauncher": "launcher",
-    "RankAwareDataLoader": "data",
-    "train": "train",
-    "TrainResult": "train",
+    "BrainAI": "model.brain_ai",
+    "build_model": "model.brain_ai",
+    "DDPWrapper": "parallel.ddp",
+    "SingleDeviceWrapper": "parallel.ddp",
+    "FSDPWrapper": "parallel.fsdp",
+    "GradientAccumulator": "loop.accumulation",
+    "DistributedLauncher": "parallel.launcher",
+    "RankAwareDataLoader": "data.loader",
+    "train": "loop.train",
+    "TrainResult": "loop.train",
 }
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 from .config import load_config
 from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_FLAG, TRAINER_MODULE
-from .failures import clear_termination, report
+from .resilience.failures import clear_termination, report
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -37,7 +37,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         clear_termination()
     try:
         cfg = load_config(args.config)
-        from .train import train  # imports torch: only once the config is known to be good
+        from .loop.train import train  # imports torch: only once the config is known to be good
 
         # The request file is another key of trainer.yaml's ConfigMap: it lies beside it.
         train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE), started=started)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from .schema import ConfigError, from_dict, setting, to_dict, valid_fields
 
@@ -38,6 +39,14 @@ LAUNCH_ENV_PREFIXES = ("PET_", "TORCHELASTIC_")
 TORCH_RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 LAUNCH_ENV_KEYS = (*TORCH_RANK_VARIABLES, "GROUP_RANK")
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+
+
+def restart_count(env: Mapping[str, str] = os.environ) -> int:
+    """Worker-group restarts so far, as torchrun counts them (0 when torchrun did not start this process)."""
+    raw = env.get(RESTART_COUNT_ENV, "0")
+    return int(raw) if raw.isdigit() else 0
+
+
 # torchrun's run id (its --rdzv-id: the job's uid): one goodput ledger per run.
 RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
 # Where rank 0 also writes its progress document (the local runner sets it).

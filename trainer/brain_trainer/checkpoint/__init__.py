@@ -5,13 +5,14 @@
     ckpt.restore(state)                  # newest committed, intact checkpoint, if any
     for ...:
         state.step += 1; state.sample_index += global_batch
-        ckpt.after_step(state)           # interval saves; SIGTERM -> save, commit, exit PREEMPTED
-    ckpt.finish(state)
+        ckpt.after_step(state, vote)     # interval saves, and a requested one (the vote: resilience/preemption.py)
+    ckpt.finish(state)                   # the final save, committed
 
 Modules: store (folder layout, manifest, commit, retention; torch-free, as is
 importing this package),
 shards (DCP reads and writes), state (TrainState), manager (policy),
-sample_log (opt-in per-step record of consumed samples, for resume checks).
+young_daly (the interval of intervalSteps auto), sample_log (opt-in per-step
+record of consumed samples, for resume checks).
 """
 
 from ..lazy import lazy_exports
@@ -21,7 +22,6 @@ from .store import ManifestError, latest_checkpoint
 _LAZY = {
     "CheckpointError": "manager",
     "CheckpointManager": "manager",
-    "Preempted": "manager",
     "load_model": "manager",
     "save_model": "manager",
     "SampleLog": "sample_log",
@@ -32,7 +32,6 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "ManifestError",
-    "Preempted",
     "SampleLog",
     "TrainState",
     "latest_checkpoint",

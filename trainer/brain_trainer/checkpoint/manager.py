@@ -1,4 +1,8 @@
-"""CheckpointManager: when to save, asynchronous saves, commit, resume, preemption, a full volume."""
+"""CheckpointManager: when to save, asynchronous saves, commit, resume, a full volume.
+
+Preemption (SIGTERM, checkpoint requests and the vote) is resilience/preemption.py's: the manager is told
+the vote's result (`after_step`, `finish`).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,10 @@ import logging
 import os
 import re
 import shutil
-import signal
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -24,21 +26,16 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import AUTO, CheckpointConfig
-from ..contract import PREEMPTED, PREEMPTED_REASON, STORAGE_FULL
-from ..failures import Fatal, classify, write_termination
-from ..launcher import restart_count
-from ..young_daly import FIRST_INTERVAL_STEPS, interval_steps
+from ..contract import STORAGE_FULL, restart_count
+from ..resilience.failures import Fatal, classify
 from . import shards, store
 from .state import TrainState, rng_key
+from .young_daly import FIRST_INTERVAL_STEPS, interval_steps
+
+if TYPE_CHECKING:
+    from ..resilience.preemption import Vote
 
 log = logging.getLogger(__name__)
-
-
-class Preempted(SystemExit):
-    """Raised after the preemption checkpoint is committed; exits with PREEMPTED."""
-
-    def __init__(self) -> None:
-        super().__init__(PREEMPTED)
 
 
 class CheckpointError(RuntimeError):
@@ -90,11 +87,6 @@ def _verify(folder: Path, manifest: dict[str, Any], group: dist.ProcessGroup | N
     return [problem for problems in _gather(problems, group) for problem in problems]
 
 
-def steps_between_votes(period_s: float, step_s: float) -> int:
-    """Steps until the next preemption vote, for votes about period_s apart (at least every step)."""
-    return max(1, int(period_s / step_s)) if step_s > 0 else 1
-
-
 def _size_text(size: int) -> str:
     return f"{size:,} bytes ({size / 1e6:.1f} MB)"
 
@@ -104,28 +96,22 @@ class CheckpointManager:
 
     Collective: every rank constructs one and makes the same calls in the same
     order. Saves run on their own gloo group, so an asynchronous save's
-    background collectives never interleave with the training loop's.
+    background collectives never interleave with the training loop's; `group`
+    is the other one, for this thread (restore, barriers, and the preemption vote).
     """
 
     def __init__(self, cfg: CheckpointConfig, *, rank: int, world_size: int, config_hash: str,
                  manifest_fields: dict[str, Any] | None = None,
-                 save_guard: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
-                 request_file: Path | None = None, checkpoint_bytes: int = 0):
+                 save_guard: Callable[[], ContextManager[Any]] = contextlib.nullcontext, checkpoint_bytes: int = 0):
         self.cfg = cfg
         # A checkpoint's size until one is committed (then that one's): what each save must find free.
         self.checkpoint_bytes = checkpoint_bytes
         self.save_guard = save_guard  # entered around each save the loop waits for (the hang watchdog's)
-        # Rank 0 reads checkpoint requests (contract.CHECKPOINT_REQUEST_FILE) and the vote carries them to every
-        # rank: one reader, so ranks whose copies of the file update at different times still agree.
-        self.request_file = request_file if rank == 0 else None
-        self._request_seen = self._read_request()  # a request from before this start is not repeated
         self._requested: tuple[str, int] | None = None  # (request, step) saved for it, until committed
         self.answered: tuple[str, int] | None = None  # the newest request whose checkpoint is committed
         # intervalSteps auto (young_daly.py): every rank computes the same interval from what the votes agree on.
         self.auto = cfg.interval_steps == AUTO
         self.interval = FIRST_INTERVAL_STEPS if self.auto else int(cfg.interval_steps)
-        self.mtbf_s = 0.0  # set by rank 0 (its goodput ledger knows the run's failures); the vote shares it
-        self.mtbf_source = ""
         self._last_save_step = 0
         self.manifest_fields = manifest_fields or {}  # more facts for every manifest (the model, where it started from)
         self.rank = rank
@@ -141,22 +127,13 @@ class CheckpointManager:
         self._staged: Future | None = None  # its copy to CPU memory
         self._stager: Any = None
         self._hook: Any = None
-        self._stop_requested = False
-        self._previous_handler: Any = None
-        self._next_vote: int | None = None  # step of the next preemption vote; None: the next step
-        self._last_vote: tuple[int, float] | None = None  # (step, time.perf_counter()) of the latest vote
         # Two groups: async saves talk on one from a background thread; restore,
-        # barriers and the SIGTERM votes talk on the other from this thread.
+        # barriers and the preemption votes talk on the other from this thread.
         # Creating a group is a collective: only when checkpoints are on (the same on every rank).
         distributed = cfg.enabled and dist.is_initialized()
         self._save_group = dist.new_group(backend="gloo") if distributed else None
-        self._group = dist.new_group(backend="gloo") if distributed else None
+        self.group = dist.new_group(backend="gloo") if distributed else None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
-        if cfg.enabled and threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self._stop_requested = True  # acted on after the current step, by every rank at once
 
     # -- resume --
 
@@ -177,12 +154,12 @@ class CheckpointManager:
         if self.rank == 0:
             candidates = store.list_checkpoints(self.root)
             store.remove_stale(self.root)
-        for candidate in _broadcast(candidates, self._group):
+        for candidate in _broadcast(candidates, self.group):
             if candidate.manifest is None:
                 if self.rank == 0:
                     log.warning("skipping %s: %s", candidate.path, candidate.error)
                 continue
-            problems = _verify(candidate.path, candidate.manifest, self._group)
+            problems = _verify(candidate.path, candidate.manifest, self.group)
             if problems:
                 if self.rank == 0:
                     moved = store.quarantine(candidate.path)
@@ -190,7 +167,7 @@ class CheckpointManager:
                         "checkpoint %s is damaged (%s); moved to %s, falling back to the previous committed checkpoint",
                         candidate.path, "; ".join(problems), moved.name,
                     )
-                _barrier(self._group)
+                _barrier(self.group)
                 continue
             self._load(state, candidate)
             self._saved_step = self._last_save_step = state.step
@@ -207,7 +184,7 @@ class CheckpointManager:
         if rng_key(self.rank) not in shards.saved_keys(candidate.path):
             template.pop("rng")  # more ranks than at save time: this one keeps its own RNG
         try:
-            shards.load(template, candidate.path, self._group)
+            shards.load(template, candidate.path, self.group)
         except Exception as exc:
             raise CheckpointError(f"checkpoint {candidate.path} does not fit this model/optimizer: {exc}") from exc
         state.load_state_dict(template)
@@ -222,55 +199,30 @@ class CheckpointManager:
 
     # -- saving --
 
-    def after_step(self, state: TrainState) -> None:
-        """Call after every optimizer step (state.step already advanced)."""
+    def due(self, step: int) -> bool:
+        """Whether `step` is a save step of the interval (the ranks vote before each save too)."""
+        if not self.cfg.enabled:
+            return False
+        if self.auto:
+            return step - self._last_save_step >= self.interval
+        return bool(self.interval) and step % self.interval == 0
+
+    def after_step(self, state: TrainState, vote: Optional[Vote] = None) -> None:
+        """Call after every optimizer step (state.step already advanced), with the vote if one was held there."""
         if not self.cfg.enabled:
             return
-        interval = self.interval
-        if self.auto:
-            saving = state.step - self._last_save_step >= interval
-        else:
-            saving = bool(interval) and state.step % interval == 0
-        # A save is collective anyway, so the ranks vote before each one as well.
-        if saving or self._next_vote is None or state.step >= self._next_vote:
-            stop, request = self._vote(state.step)
-            if stop:
-                self._preempt(state)
-            if request is not None:
+        saving = self.due(state.step)
+        if vote is not None:
+            if self.auto and vote.step_s > 0:
+                self._choose_interval(vote.stall_s, vote.mtbf_s, vote.step_s)
+            if vote.request is not None:
                 saving = True
-                self._requested = (request, state.step)
+                self._requested = (vote.request, state.step)
                 if self.rank == 0:
-                    log.info("checkpoint requested (%s): saving step %d", request, state.step)
+                    log.info("checkpoint requested (%s): saving step %d", vote.request, state.step)
         if saving:
             with self.save_guard():
                 self._save(state, blocking=not self.cfg.async_save)
-
-    def _vote(self, step: int) -> tuple[bool, str | None]:
-        """(whether any rank got SIGTERM, a new checkpoint request or None). Collective: every rank votes at the same steps.
-
-        One all-reduce of (SIGTERM seen, seconds since the previous vote, rank
-        0 saw a new request); from the slowest rank's time per step, every rank
-        computes the same next vote step, about `preemption_vote_seconds` later.
-        Only rank 0 knows a request's text; the others save all the same.
-        """
-        now = time.perf_counter()
-        request = self._new_request()
-        if self._group is None:  # nothing to agree on: look after every step, for free
-            if self.auto and self._last_vote and step > self._last_vote[0]:
-                self._choose_interval(self.last_stall_s, self.mtbf_s, (now - self._last_vote[1]) / (step - self._last_vote[0]))
-            self._last_vote = (step, now)
-            return self._stop_requested, request
-        since = now - self._last_vote[1] if self._last_vote else 0.0
-        votes = torch.tensor([float(self._stop_requested), since, float(request is not None), self.last_stall_s,
-                              self.mtbf_s], dtype=torch.float64)
-        dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self._group)
-        stop, since = bool(votes[0]), float(votes[1])
-        steps = step - self._last_vote[0] if self._last_vote else 0
-        self._next_vote = step + steps_between_votes(self.cfg.preemption_vote_seconds, since / steps if steps else 0.0)
-        self._last_vote = (step, now)
-        if self.auto and steps:
-            self._choose_interval(float(votes[3]), float(votes[4]), since / steps)
-        return stop, (request or "") if votes[2] else None
 
     def _choose_interval(self, stall_s: float, mtbf_s: float, step_s: float) -> None:
         """intervalSteps auto: Young/Daly's interval once a save's stall is measured (the slowest rank's figures)."""
@@ -279,39 +231,23 @@ class CheckpointManager:
         chosen = interval_steps(stall_s, mtbf_s, step_s)
         if chosen != self.interval and self.rank == 0:
             log.info("checkpoint interval (auto): %d steps, by Young/Daly from a %.3g s checkpoint stall, %.3g s steps "
-                     "and a mean time between failures of %.0f s (%s)", chosen, stall_s, step_s, mtbf_s, self.mtbf_source)
+                     "and a mean time between failures of %.0f s", chosen, stall_s, step_s, mtbf_s)
         self.interval = chosen
 
-    def _read_request(self) -> str:
-        if self.request_file is None:
-            return ""
-        try:
-            return self.request_file.read_text(encoding="utf-8", errors="replace").strip()
-        except OSError:
-            return ""  # no request yet (the key is absent until the first one)
+    def finish(self, state: TrainState, vote: Optional[Vote] = None) -> None:
+        """Final save (answering the vote's request, if any); returns once it is committed on disk.
 
-    def _new_request(self) -> str | None:
-        """Rank 0: the request file's content if it is new and not empty."""
-        request = self._read_request()
-        if not request or request == self._request_seen:
-            return None
-        self._request_seen = request
-        return request
-
-    def finish(self, state: TrainState) -> None:
-        """Final save; returns once it is committed on disk (after a SIGTERM since the last vote: Preempted)."""
+        Also the preemption checkpoint: the caller then leaves (Preemption.leave).
+        """
         if not self.cfg.enabled:
             return
-        stop, request = self._vote(state.step)
-        if stop:
-            self._preempt(state)
-        if request is not None:  # the final save answers it
-            self._requested = (request, state.step)
+        if vote is not None and vote.request is not None:
+            self._requested = (vote.request, state.step)
         with self.save_guard():
             self.wait()
             if state.step != self._saved_step:
                 self._save(state, blocking=True)
-            _barrier(self._group)
+            _barrier(self.group)  # rank 0 has committed before any rank returns
         self.close()
 
     def wait(self) -> None:
@@ -322,11 +258,10 @@ class CheckpointManager:
                 pending.result()
 
     def close(self, *, wait: bool = True) -> None:
-        """Release the commit thread, the staging hook and the SIGTERM handler (idempotent).
+        """Release the commit thread and the staging hook (idempotent).
 
         wait=False is for a loop that failed: a save in flight is not waited
-        for (it commits if it completes, else stays an uncommitted .tmp), and
-        SIGTERM gets its default meaning back so the process can be stopped.
+        for (it commits if it completes, else stays an uncommitted .tmp).
         """
         if wait:
             self.wait()
@@ -336,21 +271,6 @@ class CheckpointManager:
             if wait:  # else a save in flight may still be writing from the staged buffers
                 self._stager.close()
             self._hook = self._stager = None
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
-
-    def _preempt(self, state: TrainState) -> None:
-        if self.rank == 0:
-            log.warning("SIGTERM: saving step %d before exiting with code %d", state.step, PREEMPTED)
-        with self.save_guard():
-            self.wait()
-            if state.step != self._saved_step:
-                self._save(state, blocking=True)
-            _barrier(self._group)  # rank 0 has committed before any rank exits
-        write_termination(PREEMPTED_REASON, f"SIGTERM: step {state.step} committed, exiting to be restarted")
-        self.close()
-        raise Preempted()
 
     def _needed_bytes(self) -> int:
         if self.last_committed is not None:
@@ -372,7 +292,7 @@ class CheckpointManager:
             self.root.mkdir(parents=True, exist_ok=True)
             if needed > shutil.disk_usage(self.root).free:
                 verdict = self._storage_line(what, needed)
-        verdict = _broadcast(verdict, self._group)
+        verdict = _broadcast(verdict, self.group)
         if verdict is not None:
             raise Fatal(STORAGE_FULL, verdict)
 
@@ -408,7 +328,7 @@ class CheckpointManager:
         state_dict = state.state_dict()
         if blocking:
             with self._explained(state.step):
-                shards.save(state_dict, folder, self._group)
+                shards.save(state_dict, folder, self.group)
                 self._commit(folder, fields, started)
         else:
             if self._stager is None:

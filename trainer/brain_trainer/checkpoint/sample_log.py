@@ -16,7 +16,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from ..launcher import restart_count
+from ..contract import restart_count
 
 SAMPLE_LOG_ENV = "BRAIN_SAMPLE_LOG"
 

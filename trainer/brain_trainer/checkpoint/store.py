@@ -25,6 +25,7 @@ from typing import Any, BinaryIO, Iterable
 
 from ..contract import CHECKPOINT_PREFIX, TMP_SUFFIX, format_time, step_dir_name, step_of
 from ..contract import MANIFEST_FILE as MANIFEST
+from ..files import fsync_dir, write_atomic
 
 try:  # ISA-L (the trainer extra): zlib's CRC-32, the same values, about 3x as fast
     from isal.isal_zlib import crc32
@@ -119,25 +120,6 @@ class ChecksummingWriter:
 
     def close(self) -> None:
         self._raw.close()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a small file so that readers see the old content or the new, never a prefix."""
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def write_shard_sums(folder: Path, digests: dict[str, dict[str, Any]]) -> None:

@@ -1,8 +1,2 @@
-"""Token datasets: `braintrain prepare` turns a corpus into token shards; training reads them memory-mapped.
-
-Modules, one job each (docs/data.md describes the folder):
-format (the folder layout, manifest and split rule; torch-free),
-corpus (input files -> documents), tokenizer (bytes, a tokenizers file, or a trained BPE),
-writer (shards and the atomic commit of a dataset folder), report (progress display),
-prepare (the pipeline and its command line), dataset (the torch Dataset over a split).
-"""
+"""Kept for `python -m brain_trainer.tokens.prepare`, the documented alias of `braintrain prepare`; token
+datasets live in data/tokens/."""

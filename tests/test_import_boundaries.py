@@ -1,0 +1,122 @@
+"""Import boundaries: the operator never loads torch, the repo layout never shadows the stdlib's `operator`, and
+the trainer's rooms import one way only (docs/architecture.md, "The trainer")."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINER = ROOT / "trainer" / "brain_trainer"
+# Top to bottom: a module imports from its own room or from a room on a lower line, never from one on its own
+# line or above (so no two rooms import each other, even through a third). The entry points and the package's
+# face sit on top; `files`, `version` and `lazy` are leaves.
+LAYERS = (
+    ("__init__", "__main__", "export", "tokens"),
+    ("loop",),
+    ("data", "model"),
+    ("parallel",),
+    ("checkpoint",),
+    ("resilience", "observe"),
+    ("config",),
+    ("contract",),
+    ("schema", "files", "version", "lazy"),
+)
+LAYER = {room: depth for depth, rooms in enumerate(LAYERS) for room in rooms}
+
+IMPORT_ALL = """
+import importlib, pkgutil, sys
+import brain_operator
+names = [m.name for m in pkgutil.walk_packages(brain_operator.__path__, "brain_operator.")]
+assert "brain_operator.handlers" in names and "brain_operator.render.elastic" in names, names
+culprit = "-"
+for name in names:
+    importlib.import_module(name)
+    if "torch" in sys.modules and culprit == "-":
+        culprit = name
+print(len(names), culprit)
+"""
+
+
+def run(code: str) -> subprocess.CompletedProcess:
+    # The repo root as working directory: where `operator/` could shadow the stdlib.
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_no_module_of_brain_operator_imports_torch():
+    done = run(IMPORT_ALL)
+    assert done.returncode == 0, done.stderr
+    count, culprit = done.stdout.split()
+    assert int(count) >= 8
+    assert culprit == "-", f"importing {culprit} loaded torch"
+
+
+def test_torch_imports_from_the_repo_root():
+    assert not (ROOT / "operator" / "__init__.py").exists(), "operator/ must not be a package: it shadows the stdlib"
+    done = run("import torch, operator; print(operator.__file__)")
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).parent != ROOT / "operator"
+
+
+def room_of(module: str) -> str:
+    """brain_trainer.checkpoint.store -> checkpoint; brain_trainer.files -> files."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(TRAINER.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(path: Path) -> set[str]:
+    """Every brain_trainer module `path` imports, at any depth of its code (a deferred import is still an arrow)."""
+    package = module_name(path).split(".") if path.name == "__init__.py" else module_name(path).split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("brain_trainer")}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            if target.startswith("brain_trainer"):
+                # `from . import shards` names a module; `from .store import x` a module's attribute.
+                found |= {f"{target}.{a.name}" if not node.module else target for a in node.names}
+    return found
+
+
+def arrows() -> list[tuple[str, str, str]]:
+    """(importing module, its room, the imported room) for every import between two rooms."""
+    out = []
+    for path in sorted(TRAINER.rglob("*.py")):
+        module = module_name(path)
+        here = room_of(module) if "." in module else "__init__"
+        for target in imported(path):
+            there = room_of(target)
+            if there != here:
+                out.append((module, here, there))
+    return out
+
+
+def test_every_module_of_the_trainer_lives_in_a_known_room():
+    rooms = {room_of(module_name(path)) for path in TRAINER.rglob("*.py")}
+    assert rooms <= set(LAYER), sorted(rooms - set(LAYER))
+    assert {"loop", "data", "model", "parallel", "checkpoint", "resilience", "observe", "config"} <= rooms
+
+
+def test_the_trainers_rooms_import_downwards_only():
+    found = arrows()
+    assert len(found) > 50  # the walk sees the imports it checks
+    upward = [f"{module} ({here}) imports {there}" for module, here, there in found if LAYER[there] <= LAYER[here]]
+    assert upward == []
+
+
+@pytest.mark.parametrize("room", ["config", "model", "parallel", "data", "checkpoint", "observe", "resilience", "loop"])
+def test_each_rooms_face_is_torch_free(room):
+    done = run(f"import sys, brain_trainer.{room}; print('torch' in sys.modules)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -1,0 +1,369 @@
+"""The trainer's configuration: a typed tree loaded from trainer.yaml.
+
+Torch-free: the operator embeds these sections in the BrainTrainingJob spec
+(camelCase there, snake_case in trainer.yaml: the same tree), renders them
+into a ConfigMap, and its memory planner reads them. docs/architecture.md,
+"One declaration per setting".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import yaml
+
+from ..contract import METRICS_PORT
+from ..schema import ConfigError, FieldError, Names, from_dict, setting, to_dict
+from . import kubeyaml
+from .presets import MODEL_PRESETS, VOCAB_SIZE
+
+PRESETS = tuple(MODEL_PRESETS)
+STRATEGIES = ("auto", "single", "ddp", "fsdp")
+FSDP_SHARDING = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
+BACKENDS = ("auto", "nccl", "gloo")
+PRECISIONS = ("fp32", "bf16", "fp16")
+DATA_SOURCES = ("synthetic", "files", "tokens")
+LR_SCALING = ("none", "linear")
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+# checkpoint.interval_steps chosen by the Young/Daly rule (young_daly.py).
+AUTO = "auto"
+
+ENTRYPOINT_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
+
+
+@dataclass
+class ModelConfig:
+    """Which network to train."""
+
+    preset: str = setting("minimal", choices=PRESETS, help="BrainAI reference model size")
+    entrypoint: Optional[str] = setting(
+        None,
+        pattern=ENTRYPOINT_PATTERN,
+        help="package.module:function returning an nn.Module; replaces the preset",
+    )
+    init_from: Optional[str] = setting(
+        None,
+        help="start from these weights (optimizer and data position start fresh): a committed checkpoint folder, "
+        "or a safetensors file or folder (model.safetensors, or an index with shards); the pods must see the path",
+    )
+    vocab_size: Optional[int] = setting(
+        None,
+        minimum=2,
+        help="token ids the preset embeds and predicts; default: the dataset tokenizer's (data.source tokens), "
+        "else 256 bytes; set by hand it must match the dataset's",
+    )
+
+
+@dataclass
+class TrainingConfig:
+    """The optimisation loop."""
+
+    steps: int = setting(200, minimum=1, help="optimizer steps in total")
+    micro_batch_size: int = setting(8, minimum=1, help="sequences per rank per forward pass")
+    global_batch_size: Optional[int] = setting(
+        None,
+        minimum=1,
+        help="sequences per optimizer step over all ranks; derives gradient accumulation",
+    )
+    seq_len: int = setting(128, minimum=2, help="tokens per sequence")
+    learning_rate: float = setting(3e-4, minimum=0, exclusive_minimum=True, help="peak learning rate")
+    min_lr_ratio: float = setting(0.1, minimum=0, maximum=1, help="cosine decay floor as a fraction of the peak")
+    warmup_steps: int = setting(10, minimum=0, help="linear warmup steps")
+    lr_scaling: str = setting("none", choices=LR_SCALING, help="linear: scale the LR by effective batch / reference batch size")
+    reference_batch_size: int = setting(256, minimum=1, help="batch at which the learning rate was tuned")
+    weight_decay: float = setting(0.1, minimum=0)
+    grad_clip: float = setting(1.0, minimum=0, help="max gradient norm; 0 disables clipping")
+    seed: int = setting(0, minimum=0)
+    log_interval: int = setting(10, minimum=1, help="steps between rank-0 log lines")
+    compile: bool = setting(False, help="torch.compile each block (CUDA only)")
+    eval_interval: int = setting(
+        0, minimum=0, help="steps between held-out evaluations on the validation split (data.source tokens), "
+        "and one at the last step; 0: none",
+    )
+    eval_steps: int = setting(
+        20, minimum=1, help="micro-batches each evaluation reads, dealt across the ranks: the same validation windows at any world size",
+    )
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
+            yield (
+                "global_batch_size",
+                f"must be a multiple of {name('micro_batch_size')} ({self.micro_batch_size}), got {self.global_batch_size}",
+            )
+
+
+# The distributed settings a model preset recommends for the fields a job leaves unset.
+RECOMMENDED_FIELDS = ("fsdp_sharding", "activation_checkpointing", "cpu_offload", "mixed_precision_policy")
+# Under strategy auto the memory planner turns these on as rungs of its ladder: they start off.
+PLANNED_FIELDS = {"activation_checkpointing": "none", "cpu_offload": False}
+
+
+@dataclass
+class DistributedConfig:
+    """How the model is spread over ranks; unset fields take the model preset's recommendation.
+
+    The seed's public contract, every field kept. Unset (null) fsdp_sharding, activation_checkpointing, cpu_offload and
+    mixed_precision_policy take the model preset's recommendation (`resolved`).
+    The world layout (num_nodes, node_rank, master_addr, master_port) serves a
+    manual launch; under torchrun or SLURM their environment gives it.
+    """
+
+    strategy: str = setting("auto", choices=STRATEGIES, help="auto asks the memory planner")
+    fsdp_sharding: Optional[str] = setting(None, choices=FSDP_SHARDING, help="default: the model preset's")
+    gradient_accumulation_steps: int = setting(1, minimum=1, help="micro-batches per optimizer step")
+    find_unused_parameters: bool = setting(False, help="DDP: allow parameters that get no gradient in a step")
+    sync_batchnorm: bool = setting(True, help="synchronise BatchNorm statistics across ranks (CUDA only)")
+    backend: str = setting("auto", choices=BACKENDS, help="auto: nccl when CUDA is available, else gloo")
+    num_nodes: int = setting(1, minimum=1, derived=True, help="nodes of a manual launch")
+    node_rank: int = setting(0, minimum=0, derived=True, help="this node's index in a manual launch")
+    master_addr: str = setting("localhost", derived=True, help="rank 0's host in a manual launch")
+    master_port: int = setting(29500, minimum=1, maximum=65535, derived=True, help="rank 0's port in a manual launch")
+    activation_checkpointing: Optional[str] = setting(
+        None,
+        choices=ACTIVATION_CHECKPOINTING,
+        help="recompute activations in backward, per block: none, full (every block) or selective "
+        "(every k-th block, k: the setting below); default: the model preset's",
+    )
+    activation_checkpointing_every: int = setting(2, minimum=1, help="selective: checkpoint every k-th block")
+    cpu_offload: Optional[bool] = setting(None, help="FSDP: keep sharded states in host memory; default: the model preset's")
+    mixed_precision_policy: Optional[str] = setting(
+        None, choices=PRECISIONS, help="fp32, bf16 or fp16; default: the model preset's"
+    )
+    timeout_seconds: int = setting(1800, minimum=1, help="collective timeout of the process group (init_process_group)")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if self.node_rank >= self.num_nodes:
+            yield "node_rank", f"must be < {name('num_nodes')} ({self.num_nodes}), got {self.node_rank}"
+
+    @classmethod
+    def preset(cls, scale: str) -> "DistributedConfig":
+        """The recommended settings for a model scale (minimal, 1b, 3b, 7b)."""
+        if scale not in DISTRIBUTED_PRESETS:
+            raise ConfigError([FieldError("model.preset", f"must be one of {', '.join(PRESETS)}; got {scale!r}")])
+        return replace(DISTRIBUTED_PRESETS[scale])
+
+    def resolved(self, preset: str = "minimal") -> "DistributedConfig":
+        """Unset fields filled with `preset`'s recommendation; idempotent.
+
+        A preset's recommendation applies to an explicitly chosen strategy:
+        under `auto` the planner adds checkpointing and offload when needed.
+        """
+        recommended = DISTRIBUTED_PRESETS[preset]
+        filled = {
+            field_name: PLANNED_FIELDS[field_name]
+            if self.strategy == "auto" and field_name in PLANNED_FIELDS
+            else getattr(recommended, field_name)
+            for field_name in RECOMMENDED_FIELDS
+            if getattr(self, field_name) is None
+        }
+        return replace(self, **filled) if filled else self
+
+    def resolved_backend(self, cuda_available: bool) -> str:
+        if self.backend == "auto":
+            return "nccl" if cuda_available else "gloo"
+        return self.backend
+
+
+DISTRIBUTED_PRESETS: dict[str, DistributedConfig] = {
+    name: DistributedConfig(**{"fsdp_sharding": "full_shard", "activation_checkpointing": "none", "cpu_offload": False,
+                               "mixed_precision_policy": "fp32", **recommended})
+    for name, recommended in {
+        "minimal": {"strategy": "ddp"},
+        "1b": {"strategy": "ddp", "mixed_precision_policy": "bf16"},
+        "3b": {"strategy": "fsdp", "fsdp_sharding": "shard_grad_op", "mixed_precision_policy": "bf16"},
+        "7b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": "full"},
+    }.items()
+}
+
+
+@dataclass
+class DataConfig:
+    """Where training sequences come from."""
+
+    source: str = setting(
+        "synthetic", choices=DATA_SOURCES,
+        help="synthetic; files: a glob of text files read as bytes; tokens: a folder `braintrain prepare` made",
+    )
+    path: Optional[str] = setting(None, help="files: a glob of text files; tokens: the dataset folder")
+    num_workers: int = setting(0, minimum=0, help="DataLoader worker processes per rank")
+    num_samples: int = setting(65536, minimum=1, help="sequences in the synthetic dataset (one epoch)")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if self.source in ("files", "tokens") and not self.path:
+            yield "path", f"required when source is {self.source!r}"
+
+
+@dataclass
+class CheckpointConfig:
+    """Sharded, atomically committed, resumable checkpoints."""
+
+    dir: str = setting("checkpoints", derived=True, help="folder holding step-XXXXXXXX/ checkpoints (the checkpoint mount)")
+    interval_steps: int | str = setting(
+        50, help=f"steps between checkpoints; 0 saves only at the end; {AUTO}: Young/Daly's optimum from the measured "
+        "checkpoint stall, the step time and mtbfMinutes"
+    )
+    mtbf_minutes: Optional[float] = setting(
+        None, minimum=0, exclusive_minimum=True,
+        help=f"mean time between failures for intervalSteps {AUTO}; default: the run's own (its wall time over its "
+        "restarts) once it has restarted, else a day",
+    )
+    keep_last: int = setting(3, minimum=1, help="committed checkpoints to keep")
+    async_save: bool = setting(True, key="async", help="save in the background; the loop stalls only for staging")
+    preemption_vote_seconds: float = setting(1.0, minimum=0, help="seconds between the ranks' votes on whether one got SIGTERM; "
+                                       "0 votes after every step")
+    enabled: bool = setting(True, help="false: never save nor resume")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        steps = self.interval_steps
+        if isinstance(steps, str) and steps != AUTO or isinstance(steps, int) and steps < 0:
+            yield "interval_steps", f"must be a number of steps >= 0 or {AUTO}, got {steps!r}"
+
+
+@dataclass
+class MetricsConfig:
+    """What rank 0 reports: its HTTP endpoint (Prometheus metrics, the JSON progress document) and TensorBoard scalars."""
+
+    port: int = setting(METRICS_PORT, minimum=0, maximum=65535, derived=True, help="rank 0 serves /metrics and /progress here; 0 disables")
+    tensorboard_dir: Optional[str] = setting(
+        None, help="rank 0 writes TensorBoard scalars (loss, eval loss, learning rate, tokens/s, gradient norm, MFU, goodput) "
+        "into this folder; "
+        "in a cluster, a path on a mounted volume such as the checkpoint claim"
+    )
+    peak_flops: Optional[float] = setting(
+        None, minimum=0, exclusive_minimum=True,
+        help="peak FLOP/s of one device, for the MFU metric; default: the bf16 dense figure of a known GPU, none on CPU",
+    )
+
+
+@dataclass
+class WatchdogConfig:
+    """The hang watchdog: a rank whose optimizer steps stop dumps its stacks and exits, so torchrun restarts the group."""
+
+    enabled: bool = setting(True, help="watch every rank for a step that does not finish")
+    step_time_factor: float = setting(
+        10.0, minimum=1, help="a step is stalled after this many times the median step time (or floorSeconds if longer)"
+    )
+    floor_seconds: float = setting(300.0, minimum=0, exclusive_minimum=True, help="the shortest limit of a step")
+    warmup_steps: int = setting(
+        5, minimum=1, help="the first steps of every (re)start, which build, restore, compile: each gets startupSeconds"
+    )
+    startup_seconds: float = setting(
+        1800.0, minimum=0, exclusive_minimum=True, help="the limit of each warm-up step, from the start to its end"
+    )
+    checkpoint_seconds: float = setting(
+        1800.0, minimum=0, exclusive_minimum=True, help="the limit of a checkpoint save the loop waits for"
+    )
+
+
+@dataclass
+class TrainerSections:
+    """The sections trainer.yaml and a BrainTrainingJob's spec share, under the same names, with the rules across them."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if self.model.entrypoint is None:
+            longest = MODEL_PRESETS[self.model.preset].max_seq_len
+            if self.training.seq_len > longest:
+                yield (
+                    "training.seq_len",
+                    f"must be <= {longest} (the {self.model.preset} preset's max_seq_len), got {self.training.seq_len}",
+                )
+        if self.model.vocab_size is not None and self.model.entrypoint is not None:
+            yield "model.vocab_size", f"resizes a preset; the model of {name('model.entrypoint')} has its own vocabulary"
+        if self.model.vocab_size is not None and self.data.source != "tokens" and self.model.vocab_size < VOCAB_SIZE:
+            yield (
+                "model.vocab_size",
+                f"must be >= {VOCAB_SIZE} for byte-level data ({name('data.source')} {self.data.source}), got {self.model.vocab_size}",
+            )
+        if self.training.eval_interval and self.data.source != "tokens":
+            yield (
+                "training.eval_interval",
+                f"evaluates on a token dataset's validation split: needs {name('data.source')} tokens, got {self.data.source}",
+            )
+        if self.training.global_batch_size is not None and self.distributed.gradient_accumulation_steps != 1:
+            yield (
+                "distributed.gradient_accumulation_steps",
+                f"set either {name('training.global_batch_size')} or {name('distributed.gradient_accumulation_steps')}, not both",
+            )
+
+
+@dataclass
+class TrainerConfig(TrainerSections):
+    """Everything `python -m brain_trainer --config FILE` needs."""
+
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def resolved(self) -> "TrainerConfig":
+        """The config with the model preset's recommendations in the unset distributed fields; idempotent."""
+        distributed = self.distributed.resolved(self.model.preset)
+        return self if distributed is self.distributed else replace(self, distributed=distributed)
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step at this world size."""
+        gbs = self.training.global_batch_size
+        if gbs is None:
+            return self.distributed.gradient_accumulation_steps
+        per_step = self.training.micro_batch_size * world_size
+        if gbs % per_step:
+            raise ConfigError(
+                [
+                    FieldError(
+                        "training.global_batch_size",
+                        f"must be a multiple of micro_batch_size x world size ({per_step}), got {gbs}",
+                    )
+                ]
+            )
+        return gbs // per_step
+
+    def effective_batch_size(self, world_size: int) -> int:
+        return self.training.micro_batch_size * self.accumulation_steps(world_size) * world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+    def to_yaml(self) -> str:
+        return kubeyaml.dump(self.to_dict())
+
+    def config_hash(self) -> str:
+        """A stable digest of the settings a user declares, recorded in checkpoint manifests.
+
+        The manifest view: derived fields (checkpoint folder, metrics port, world
+        layout) differ between a cluster and a laptop without changing the run.
+        """
+        canonical = json.dumps(to_dict(self, camel_case=True), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "TrainerConfig":
+        return from_dict(cls, data)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in `path` (read as kubectl reads it, kubeyaml); one ConfigError line when it cannot be read or parsed."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        problem = f"cannot read: {exc.strerror}"
+    except UnicodeDecodeError as exc:
+        problem = f"not UTF-8 text: {exc.reason} at byte {exc.start}"
+    else:
+        try:
+            return kubeyaml.load(text)
+        except yaml.YAMLError as exc:
+            problem = f"not valid YAML: {' '.join(str(exc).split())}"  # one line, however long the mark
+    raise ConfigError([FieldError("", f"{path}: {problem}")])
+
+
+def load_config(path: str | Path) -> TrainerConfig:
+    """Read and validate a trainer.yaml; raises ConfigError naming each bad field."""
+    return TrainerConfig.from_dict(read_yaml(path))

@@ -1,0 +1,88 @@
+"""Held-out evaluation: the mean next-token loss on the validation split, computed by all ranks together.
+
+Every evaluation reads the same windows, the first `training.eval_steps` x
+`micro_batch_size` of the split (all of them when it is shorter), as
+micro-batches dealt round-robin to the ranks. Each rank sums its token
+losses and counts its tokens; one all-reduce gives the exact mean over those
+windows, so the number does not depend on the world size. Ranks with no
+micro-batch left in a round still run a forward pass (on micro-batch 0,
+counted as nothing): FSDP gathers parameters inside every forward, and all
+ranks must take part in each gather.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..config import TrainingConfig
+from ..contract import perplexity
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float  # mean next-token cross entropy over the evaluated tokens (nats)
+    tokens: int  # target tokens evaluated, over all ranks
+
+    @property
+    def perplexity(self) -> float:
+        return perplexity(self.loss)
+
+
+def eval_batches(windows: int, micro_batch_size: int, eval_steps: int) -> list[range]:
+    """The window indices of each evaluation micro-batch: the first eval_steps x micro_batch_size windows."""
+    count = min(windows, eval_steps * micro_batch_size)
+    return [range(start, min(start + micro_batch_size, count)) for start in range(0, count, micro_batch_size)]
+
+
+def rank_batches(batches: list[range], rank: int, world_size: int) -> list[Optional[range]]:
+    """`rank`'s micro-batches, round-robin, one per round; None where the rank only joins the round's forward pass."""
+    rounds = -(-len(batches) // world_size)
+    return [batches[j] if (j := q * world_size + rank) < len(batches) else None for q in range(rounds)]
+
+
+def due(step: int, training: TrainingConfig) -> bool:
+    """Whether an evaluation follows this optimizer step: every eval_interval steps and after the last."""
+    return bool(training.eval_interval) and (step % training.eval_interval == 0 or step == training.steps)
+
+
+class Evaluator:
+    """This rank's part of every evaluation on `dataset` (the validation split)."""
+
+    def __init__(self, dataset: Dataset, micro_batch_size: int, eval_steps: int, rank: int, world_size: int,
+                 device: torch.device, autocast: Callable[[], contextlib.AbstractContextManager]):
+        self.dataset = dataset
+        self.device = device
+        self.autocast = autocast  # a factory of the loop's autocast context: evaluation computes as training does
+        batches = eval_batches(len(dataset), micro_batch_size, eval_steps)
+        self.filler = batches[0]
+        self.mine = rank_batches(batches, rank, world_size)
+
+    def _batch(self, indices: range) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ys = zip(*(self.dataset[i] for i in indices))
+        return torch.stack(xs).to(self.device), torch.stack(ys).to(self.device)
+
+    @torch.no_grad()
+    def __call__(self, model: nn.Module) -> EvalResult:
+        was_training = model.training
+        model.eval()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, tokens
+        for indices in self.mine:
+            x, y = self._batch(indices or self.filler)
+            with self.autocast():
+                logits = model(x)
+            if indices is not None:
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
+                totals += torch.stack([loss.double(), torch.tensor(float(y.numel()), dtype=torch.float64, device=self.device)])
+        if dist.is_initialized():
+            dist.all_reduce(totals)
+        model.train(was_training)
+        loss_sum, tokens = totals.tolist()
+        return EvalResult(loss=loss_sum / tokens, tokens=int(tokens))

@@ -1,0 +1,168 @@
+"""`model.init_from`: start a job from existing weights, loaded straight into this rank's shards.
+
+The path names a committed checkpoint folder (its model weights only: the
+optimizer, schedule and data position start fresh), a checkpoint.dir (its
+newest committed checkpoint), or safetensors: a `.safetensors` file, or a
+folder holding `model.safetensors` or `model.safetensors.index.json` with its
+shards (what `braintrain export` writes). `open_source` checks it against the
+model built on the meta device, before anything is materialised or trained:
+one line naming the field, the file and the first tensor that does not match.
+Loading then reads only what each rank holds (DCP reshards a checkpoint;
+safetensors rows are read per shard), so no rank builds the whole model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+from typing import Any, Optional, Protocol
+
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+from ..checkpoint import store
+from ..checkpoint.manager import load_model
+from ..config import ModelConfig
+from ..schema import ConfigError, FieldError, to_dict
+from .safetensors_io import INDEX_FILE, SINGLE_FILE, SUFFIX, SafetensorsError, read_weights
+from .seeded_init import local_rows
+
+FIELD = "model.init_from"
+MODEL_PREFIX = "model."  # TrainState saves the model's state dict under "model"
+# What export writes into each safetensors file's metadata, so that a run started from it knows its origin.
+SOURCE_STEP_KEY = "brain_train.step"
+SOURCE_HASH_KEY = "brain_train.config_hash"
+
+
+def init_from_error(path: Any, problem: str) -> ConfigError:
+    return ConfigError([FieldError(FIELD, f"{path}: {problem}")])
+
+
+def first_mismatch(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> Optional[str]:
+    """The first tensor (in the model's order) whose name or shape differs; None when all match."""
+    for name, shape in expected.items():
+        if name not in found:
+            return f"has no tensor {name!r} (the model's is {list(shape)})"
+        if tuple(found[name]) != tuple(shape):
+            return f"tensor {name!r} has shape {list(found[name])}, the model's is {list(shape)}"
+    extra = next((name for name in found if name not in expected), None)
+    return None if extra is None else f"tensor {extra!r} is not in the model"
+
+
+class WeightSource(Protocol):
+    def load_into(self, model: nn.Module) -> None: ...
+
+    def provenance(self) -> dict[str, Any]: ...
+
+
+class CheckpointSource:
+    """The model weights of a committed checkpoint (any world size wrote it)."""
+
+    def __init__(self, folder: Path, expected: dict[str, tuple[int, ...]]):
+        self.folder = folder
+        try:
+            self.manifest = store.read_manifest(folder)
+            metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+        except store.ManifestError as exc:
+            raise ConfigError([FieldError(FIELD, str(exc))]) from None
+        except Exception as exc:  # DCP's .metadata missing or unreadable
+            raise init_from_error(folder / ".metadata", f"unreadable ({type(exc).__name__}: {exc}): damaged") from None
+        found = {
+            key[len(MODEL_PREFIX) :]: tuple(meta.size)
+            for key, meta in metadata.items()
+            if key.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)
+        }
+        problem = first_mismatch(expected, found)
+        if problem:
+            raise init_from_error(folder, problem)
+
+    def load_into(self, model: nn.Module) -> None:
+        try:
+            load_model(self.folder, model)  # verifies every file against the manifest first
+        except store.ManifestError as exc:
+            raise ConfigError([FieldError(FIELD, str(exc))]) from None
+
+    def provenance(self) -> dict[str, Any]:
+        return {"path": str(self.folder), "step": self.manifest.get("step"),
+                "config_hash": self.manifest.get("config_hash")}
+
+
+class SafetensorsSource:
+    """Tensors of safetensors files, read per rank: only the rows of each parameter this rank holds."""
+
+    def __init__(self, path: Path, expected: dict[str, tuple[int, ...]]):
+        self.path = path
+        try:
+            self.entries, self.metadata = read_weights(path)
+        except SafetensorsError as exc:
+            raise ConfigError([FieldError(FIELD, str(exc))]) from None
+        problem = first_mismatch(expected, {name: e.shape for name, e in self.entries.items()})
+        if problem:
+            files = sorted({str(e.file) for e in self.entries.values()})
+            raise init_from_error(files[0] if len(files) == 1 else path, problem)
+
+    def load_into(self, model: nn.Module) -> None:
+        state = get_model_state_dict(model)
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            opened: dict[Path, Any] = {}
+            for name, target in state.items():
+                entry = self.entries[name]
+                if entry.file not in opened:
+                    opened[entry.file] = stack.enter_context(safe_open(str(entry.file), framework="pt"))
+                local, start = local_rows(target)
+                if local.numel() == 0:
+                    continue
+                if local.dim() == 0:
+                    local.copy_(opened[entry.file].get_tensor(name))
+                    continue
+                first_row = start // math.prod(entry.shape[1:])
+                local.copy_(opened[entry.file].get_slice(name)[first_row : first_row + local.shape[0]])
+        set_model_state_dict(model, state)
+
+    def provenance(self) -> dict[str, Any]:
+        step = self.metadata.get(SOURCE_STEP_KEY)
+        return {"path": str(self.path), "step": int(step) if step and step.isdigit() else None,
+                "config_hash": self.metadata.get(SOURCE_HASH_KEY)}
+
+
+def open_source(path_text: str, model: nn.Module) -> WeightSource:
+    """The weights `path_text` names, checked against `model` (built on the meta device is enough).
+
+    Raises ConfigError on model.init_from: a path that does not exist, a
+    checkpoint that is not committed, a damaged file, names or shapes that
+    differ from the model's.
+    """
+    path = Path(path_text)
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if not path.exists():
+        raise init_from_error(path, "does not exist (the pods must see it: the checkpoint volume or a data volume)")
+    if path.is_file():
+        if path.suffix != SUFFIX:
+            raise init_from_error(path, f"a file, but not {SUFFIX}")
+        source: WeightSource = SafetensorsSource(path, expected)
+    elif (path / store.MANIFEST).is_file():
+        source = CheckpointSource(path, expected)
+    elif (path / INDEX_FILE).is_file() or (path / SINGLE_FILE).is_file():
+        source = SafetensorsSource(path, expected)
+    elif (latest := store.latest_checkpoint(path)) is not None:
+        source = CheckpointSource(latest, expected)
+    elif (path / ".metadata").is_file():
+        raise init_from_error(path, f"not committed (no {store.MANIFEST}): a checkpoint still being written, or interrupted")
+    else:
+        raise init_from_error(
+            path, f"holds neither a committed checkpoint ({store.MANIFEST}) nor safetensors ({SINGLE_FILE} or {INDEX_FILE})"
+        )
+    return source
+
+
+def manifest_fields(model_cfg: ModelConfig, source: Optional[WeightSource]) -> dict[str, Any]:
+    """What every checkpoint of this run records about its model: the model section, and where its weights started."""
+    fields: dict[str, Any] = {"model": to_dict(model_cfg)}
+    if source is not None:
+        fields["init_from"] = source.provenance()
+    return fields

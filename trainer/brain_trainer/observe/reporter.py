@@ -1,0 +1,196 @@
+"""Rank 0's outputs, and the books they are made from: the loop tells what happened, in plain numbers.
+
+Every rank keeps the clocks (its TrainResult says its own throughput); rank 0
+alone keeps the goodput ledger (goodput_log.py, beside the checkpoints) and
+publishes: the log line, the progress document, the metrics endpoint (MFU
+from flops.py) and TensorBoard.
+
+    reporter = Reporter(cfg, rank, started)       # the ledger counts this start at once
+    reporter.started(step, ...)                   # set up: initialisation time ends here
+    per step:          reporter.stepped(step, checkpoint_total_s)
+    per evaluation:    reporter.evaluated(step, loss, perplexity, tokens, seconds)
+    per logging step:  reporter.logged(step, loss, ...)
+    at the end:        reporter.loop_ended(step); the final save; reporter.finished(...)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..config import TrainerConfig
+from ..contract import PROGRESS_FILE_ENV, RUN_ID_ENV, Progress, eta_seconds, format_time
+from .flops import mfu
+from .goodput import CHECKPOINT, EVALUATION, INITIALIZATION
+from .goodput_log import GoodputLog
+from .metrics import start_metrics_server
+from .progress import write_progress
+
+if TYPE_CHECKING:
+    from .board import Scalars
+
+log = logging.getLogger(__name__)
+
+Answered = Optional[tuple[str, int]]  # the newest checkpoint request whose checkpoint is committed, and its step
+
+
+@dataclass
+class Books:
+    """What this rank's loop did, for its TrainResult."""
+
+    first_step: int = 0
+    steps: int = 0  # optimizer steps this process ran
+    loop_seconds: float = 0.0  # first step to the final save
+    eval_seconds: float = 0.0
+    history: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) at each logging step
+    eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out loss) at each evaluation
+
+
+class Reporter:
+    """Created once per rank before anything can fail; `close` in any case."""
+
+    def __init__(self, cfg: TrainerConfig, rank: int, started: float):
+        self.active = rank == 0
+        self.total_steps = cfg.training.steps
+        self.log_interval = cfg.training.log_interval
+        self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
+        self.metrics = start_metrics_server(cfg.metrics.port) if self.active else None
+        self.tensorboard_dir = cfg.metrics.tensorboard_dir if self.active else None
+        self.scalars: Optional[Scalars] = None
+        self.last: Optional[Progress] = None
+        self.eval_loss: Optional[float] = None
+        # The run's ledger lives beside the checkpoints, which outlive this trainer; written at once, so this start
+        # counts as a restart of the run even if it dies before its first step.
+        folder = Path(cfg.checkpoint.dir) if self.active and cfg.checkpoint.enabled else None
+        self.goodput = GoodputLog(folder, os.environ.get(RUN_ID_ENV, ""), started)
+        self.goodput.save()
+        self._started = started
+        self.books = Books()
+        self._tokens_per_step = 0
+        self._flops_per_token = 0.0
+        self._peak_flops: Optional[float] = None
+        self._world_size = 1
+        self._loop_start = self._loop_end = self._last_step_time = self._last_log_time = 0.0
+        self._last_log_step = 0
+        self._step_times: list[float] = []  # of the steps since the last logging step
+        self._checkpoint_s = 0.0  # the loop's total wait for saves when the latest step ended
+
+    def started(self, step: int, *, tokens_per_step: int, flops_per_token: float, peak_flops: Optional[float],
+                world_size: int, info: dict[str, str]) -> None:
+        """Set up, about to compute `step` + 1: initialisation ends, brain_trainer_info, TensorBoard from here."""
+        self.goodput.record(INITIALIZATION, time.time() - self._started)
+        self._tokens_per_step, self._flops_per_token = tokens_per_step, flops_per_token
+        self._peak_flops, self._world_size = peak_flops, world_size
+        self.books.first_step = self._last_log_step = step
+        self._loop_start = self._last_step_time = self._last_log_time = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.describe(**info)  # brain_trainer_info
+        if self.tensorboard_dir:
+            from .board import Scalars  # imports tensorboard: only for runs that write it
+
+            self.scalars = Scalars(self.tensorboard_dir, first_step=step + 1)
+
+    def stepped(self, step: int, checkpoint_total_s: float) -> None:
+        """An optimizer step ended; `checkpoint_total_s`: all the loop has waited for saves so far."""
+        now = time.perf_counter()
+        seconds = now - self._last_step_time
+        self._step_times.append(seconds)
+        self._last_step_time = now
+        if self.active:  # only rank 0's ledger is kept
+            waited = checkpoint_total_s - self._checkpoint_s
+            self.goodput.step(step, seconds - waited)
+            self.goodput.record(CHECKPOINT, waited)
+            self.goodput.save(force=not step % self.log_interval or step == self.total_steps)
+        self._checkpoint_s = checkpoint_total_s
+
+    def evaluated(self, step: int, loss: float, perplexity: float, tokens: int, seconds: float) -> None:
+        """An evaluation pass of `seconds` ran after `step`: logged, and in the progress document from now on."""
+        self.books.eval_history.append((step, loss))
+        self.books.eval_seconds += seconds
+        self._last_log_time += seconds  # throughput counts training only
+        self._last_step_time = time.perf_counter()  # the next step's time starts after the evaluation
+        if not self.active:
+            return
+        self.goodput.record(EVALUATION, seconds)
+        log.info("eval step %d/%d loss %.4f perplexity %.2f (%d tokens)", step, self.total_steps, loss, perplexity,
+                 tokens)
+        self.eval_loss = loss
+        if self.last is not None:
+            self._publish(replace(self.last, eval_loss=loss, updated_at=format_time()))
+        if self.scalars is not None:
+            self.scalars.write(step, eval_loss=loss)
+
+    def logged(self, step: int, loss: float, *, lr: float, grad_norm: float, peak_memory: int,
+               last_checkpoint_step: Optional[int], answered: Answered, checkpoint_interval: int) -> None:
+        """A logging step: `loss` averaged over ranks since the previous one."""
+        now = time.perf_counter()
+        steps = step - self._last_log_step
+        tokens_per_second = self._tokens_per_step * steps / (now - self._last_log_time)
+        self.books.history.append((step, loss))
+        step_times, self._step_times = self._step_times, []
+        self._last_log_step, self._last_log_time = step, now
+        if not self.active:
+            return
+        step_time = sum(step_times) / len(step_times)
+        log.info("step %d/%d loss %.4f tokens/s %.0f step_time %.3fs lr %.3e", step, self.total_steps, loss,
+                 tokens_per_second, step_time, lr)
+        goodput = self.goodput.summary()
+        used = mfu(tokens_per_second, self._flops_per_token, self._peak_flops, self._world_size)
+        self._publish(
+            Progress(step=step, total_steps=self.total_steps, loss=loss, tokens_per_second=tokens_per_second,
+                     eta_seconds=eta_seconds(step, self.total_steps, step_time),
+                     last_checkpoint_step=last_checkpoint_step, eval_loss=self.eval_loss, **_answered(answered),
+                     goodput=goodput, restarts=self.goodput.ledger.restarts,
+                     checkpoint_interval_steps=checkpoint_interval, updated_at=format_time()),
+            step_times=step_times, tokens=self._tokens_per_step * steps, learning_rate=lr,
+            peak_memory_bytes=peak_memory, grad_norm=grad_norm, mfu=used,
+        )
+        if self.scalars is not None:
+            self.scalars.write(step, loss=loss, learning_rate=lr, tokens_per_second=tokens_per_second,
+                               grad_norm=grad_norm, mfu=used, goodput=goodput.ratio)
+
+    def init_memory(self, ranks: list[dict[str, Any]]) -> None:
+        """Every rank's memory after initialisation, on the metrics endpoint."""
+        if self.metrics is not None:
+            self.metrics.publish_init_memory(ranks)
+
+    def loop_ended(self, step: int) -> None:
+        """The last step is done; the final save comes next."""
+        self.books.steps = step - self.books.first_step
+        self._loop_end = time.perf_counter()
+        self.books.loop_seconds = self._loop_end - self._loop_start
+
+    def finished(self, *, last_checkpoint_step: Optional[int], answered: Answered) -> Books:
+        """The final checkpoint is committed: the last books, and the last progress with the final goodput."""
+        if self.active:
+            self.goodput.record(CHECKPOINT, time.perf_counter() - self._loop_end)
+            self.goodput.save()
+            if self.last is not None:
+                self._publish(replace(self.last, last_checkpoint_step=last_checkpoint_step, **_answered(answered),
+                                      goodput=self.goodput.summary(), updated_at=format_time()))
+        return self.books
+
+    def _publish(self, progress: Progress, **extras: Any) -> None:
+        self.last = progress
+        if self.progress_path:
+            try:
+                write_progress(self.progress_path, progress)
+            except OSError as exc:  # like the metrics endpoint, progress reporting never stops training
+                log.warning("cannot write the progress document %s: %s", self.progress_path, exc.strerror or exc)
+        if self.metrics is not None:
+            self.metrics.publish(progress, **extras)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.scalars is not None:
+            self.scalars.close()
+
+
+def _answered(answered: Answered) -> dict[str, Any]:
+    """The progress fields of the newest checkpoint request answered."""
+    return {} if answered is None else {"checkpoint_request": answered[0], "checkpoint_request_step": answered[1]}

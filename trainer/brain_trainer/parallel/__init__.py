@@ -1,0 +1,19 @@
+"""How the model is spread over ranks: the launcher (torchrun, SLURM, a manual launch), the DDP and FSDP2 wrappers,
+per-block checkpointing and compile, and the memory planner that picks between them (torch-free).
+
+Importing this package is torch-free; each torch name loads its module on first use.
+"""
+
+from ..lazy import lazy_exports
+from .memory import choose_strategy, plan_memory, resolve_distributed
+
+_LAZY = {
+    "DistributedLauncher": "launcher",
+    "DDPWrapper": "ddp",
+    "SingleDeviceWrapper": "ddp",
+    "FSDPWrapper": "fsdp",
+}
+
+__all__ = ["choose_strategy", "plan_memory", "resolve_distributed", *_LAZY]
+
+__getattr__ = lazy_exports(__name__, _LAZY, globals())

@@ -1,0 +1,564 @@
+"""The memory planner: bytes per rank for a BrainAI model, and the cheapest strategy that fits.
+
+Torch-free (the operator calls it). All sizes are per rank, in bytes, and
+are estimates: they follow the ZeRO accounting (Rajbhandari et al., 2020) for
+model states and count the tensors BrainAI's blocks save for backward.
+
+Model states, with P parameters and N ranks sharing a shard:
+
+    bytes per parameter      fp32   bf16 / fp16
+    parameters                  4            2
+    gradients                   4            2
+    optimizer (AdamW)           8           12   (two fp32 moments, + fp32 master weights)
+
+    strategy                        parameters         gradients        optimizer
+    single, ddp, fsdp no_shard      P                  P                P
+    fsdp shard_grad_op (ZeRO-2)     P                  P / N            P / N
+    fsdp full_shard    (ZeRO-3)     P / N + 2 U        P / N + U        P / N
+    fsdp hybrid_shard               as full_shard, with N = ranks per node
+
+U is the largest FSDP wrap unit: full_shard gathers the running unit and
+prefetches the next, and holds one unit's unsharded gradients until they are
+reduce-scattered. With CPU offload the sharded parameters, gradients and
+optimizer state live in host memory (`host`), the device keeps only the
+gathered units (planned for full_shard and hybrid_shard).
+
+Activations (see `activation_bytes`), and a fixed `overhead` for the CUDA
+context, communication buffers and allocator slack, complete the total.
+
+Host memory per rank (`plan_host_memory`, what a pod's memory request must
+cover): the process itself (torch, and on GPUs the CUDA libraries and
+context), initialisation (meta-device init keeps at most one init block or
+one tensor being read on the host), the training states themselves when the
+device is the CPU, CPU-offloaded states, the asynchronous checkpoint's staging
+copy (each rank's parameters and AdamW moments, fp32: 12 bytes per parameter
+it holds) and the DataLoader's worker processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from ..config import ACTIVATION_CHECKPOINTING, FSDP_SHARDING, PRECISIONS, DistributedConfig, ModelConfig, TrainerConfig
+from ..config.presets import STACKS, BrainAIConfig, largest_tensor_params, preset_config, wrap_unit_params
+from ..schema import ConfigError, FieldError
+
+MIB = 1024**2
+GIB = 1024**3
+RUNTIME_OVERHEAD_BYTES = 1 * GIB
+PLAN_STRATEGIES = ("single", "ddp", "fsdp")
+OFFLOAD_SHARDING = ("full_shard", "hybrid_shard")
+
+PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+ADAM_MOMENT_BYTES = 8  # exp_avg and exp_avg_sq in fp32
+MASTER_WEIGHT_BYTES = 4  # fp32 copy kept by the optimizer when parameters are 16-bit
+LOGIT_BYTES = 4  # logits and log-probabilities are float32 for the loss
+
+# Host memory (plan_host_memory). Estimates: the process sizes were measured on CPU with torch 2.13
+# (about 330 MB resident after importing torch and joining a gloo group); CUDA's figure is the usual
+# resident size of a torch process once CUDA, cuBLAS, cuDNN and NCCL are loaded.
+CPU_PROCESS_BYTES = 512 * MIB
+CUDA_PROCESS_BYTES = 3 * GIB
+DATA_WORKER_BYTES = 256 * MIB  # one DataLoader worker process (forked: torch's pages stay shared)
+STAGED_BYTES_PER_PARAM = 4 + ADAM_MOMENT_BYTES  # fp32 parameter and moments, as a checkpoint holds them
+INIT_BYTES_PER_PARAM = 4  # fp32: the largest tensor drawn or read at once during initialisation
+POD_HEADROOM = 1.1  # allocator fragmentation and the page cache of checkpoint writes
+REQUEST_GRANULE = 64 * MIB
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The distributed settings a plan assumes."""
+
+    strategy: str
+    fsdp_sharding: str = "full_shard"
+    activation_checkpointing: str = "none"  # none, full or selective
+    cpu_offload: bool = False
+
+    def __str__(self) -> str:
+        words = [self.strategy] + ([self.fsdp_sharding] if self.strategy == "fsdp" else [])
+        text = " ".join(words)
+        if self.activation_checkpointing != "none":
+            text += f" + {self.activation_checkpointing} activation checkpointing"
+        if self.cpu_offload:
+            text += " + CPU offload"
+        return text
+
+
+def gib_rows(rows: list[tuple[str, int]]) -> list[str]:
+    """A summary's table: one indented line per (term, bytes), in GiB."""
+    return [f"  {name:<17}{size / GIB:9.2f} GiB" for name, size in rows]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per rank for one model under one choice of strategy."""
+
+    choice: StrategyChoice
+    world_size: int
+    shard_size: int  # ranks that share one copy of the sharded states (1: replicated)
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    overhead: int
+    host: int  # bytes per rank kept in CPU memory (CPU offload)
+
+    @property
+    def total(self) -> int:
+        """Device bytes per rank."""
+        return self.parameters + self.gradients + self.optimizer_state + self.activations + self.overhead
+
+    def fits(self, device_memory_bytes: int) -> bool:
+        return self.total <= device_memory_bytes
+
+    def summary(self) -> str:
+        """One line per term, in GiB."""
+        rows = [
+            ("parameters", self.parameters),
+            ("gradients", self.gradients),
+            ("optimizer state", self.optimizer_state),
+            ("activations", self.activations),
+            ("overhead", self.overhead),
+            ("total", self.total),
+        ]
+        if self.host:
+            rows.append(("host (offloaded)", self.host))
+        return "\n".join([f"{self.choice} on {self.world_size} rank(s), per rank:", *gib_rows(rows)])
+
+
+class InsufficientMemoryError(ConfigError):
+    """No strategy fits; `plan` is the smallest one tried and `missing_bytes` what it lacks per rank."""
+
+    def __init__(self, plan: MemoryPlan, device_memory_bytes: int, model_name: str):
+        self.plan = plan
+        self.missing_bytes = plan.total - device_memory_bytes
+        super().__init__(
+            [
+                FieldError(
+                    "distributed.strategy",
+                    f"auto: {model_name} does not fit in {device_memory_bytes / GIB:.1f} GiB per rank on "
+                    f"{plan.world_size} rank(s); the smallest option, {plan.choice}, needs "
+                    f"{plan.total / GIB:.1f} GiB per rank: {self.missing_bytes / GIB:.1f} GiB per rank missing "
+                    f"(add ranks, or lower training.micro_batch_size or training.seq_len)",
+                )
+            ]
+        )
+
+
+def planned_model(model: ModelConfig) -> BrainAIConfig | str:
+    """What the planner sizes for a model section: the preset, resized when model.vocab_size says so."""
+    if model.vocab_size is None:
+        return model.preset
+    return preset_config(model.preset, vocab_size=model.vocab_size)
+
+
+def _model_config(model: BrainAIConfig | str) -> BrainAIConfig:
+    return preset_config(model) if isinstance(model, str) else model
+
+
+def _model_name(model: BrainAIConfig | str) -> str:
+    return f"preset {model!r}" if isinstance(model, str) else "the model"
+
+
+def activation_units(cfg: BrainAIConfig, checkpointing: str, every: int = 2) -> float:
+    """Saved activations per token, in units of d_model elements.
+
+    Counted from what each wrap unit keeps for backward (a test measures them
+    with saved-tensor hooks on the real model):
+
+        encoders 1, meta 4, heads 3, and per block
+        snn_core 4 + 3 * snn_steps    htm 20    workspace 5
+        reasoning 10 + 4 * ffn_hidden / d_model    decision 3 + 4 * ffn_hidden / d_model
+
+    Attention is flash-style (scaled_dot_product_attention), so nothing grows
+    with seq_len squared. Checkpointing acts on blocks (blocks.py: the leaf
+    wrap units in forward order: encoders, every block, meta, heads): a
+    checkpointed block keeps only its input (1 unit), and one checkpointed
+    block at a time is recomputed in full. `full` checkpoints every block,
+    `selective` every `every`-th.
+    """
+    mlp = 4 * cfg.ffn_hidden / cfg.d_model
+    per_block = {
+        "snn_core": 4 + 3 * cfg.snn_steps,
+        "htm": 20,
+        "workspace": 5,
+        "reasoning": 10 + mlp,
+        "decision": 3 + mlp,
+    }
+    units = [1.0]  # encoders, then the blocks in forward order, meta, heads
+    for name, attr in STACKS.items():
+        units += [per_block[name]] * getattr(cfg, attr)
+    units += [4.0, 3.0]
+    chosen = {"none": [], "full": units, "selective": units[every - 1 :: every]}[checkpointing]
+    if not chosen:
+        return sum(units)
+    return sum(units) - sum(chosen) + len(chosen) + max(chosen)
+
+
+def activation_bytes(
+    cfg: BrainAIConfig, precision: str, micro_batch_size: int, seq_len: int, checkpointing: str, every: int = 2
+) -> int:
+    """micro_batch * seq_len * (activation_units * d_model * element bytes + 2 * vocab * 4).
+
+    The second term is the float32 logits and log-probabilities of the loss.
+    """
+    tokens = micro_batch_size * seq_len
+    per_token = activation_units(cfg, checkpointing, every) * cfg.d_model * PARAM_BYTES[precision]
+    return int(tokens * (per_token + 2 * cfg.vocab_size * LOGIT_BYTES))
+
+
+def _check_inputs(
+    strategy: str,
+    fsdp_sharding: str,
+    precision: str,
+    micro_batch_size: int,
+    seq_len: int,
+    world_size: int,
+    cpu_offload: bool,
+    node_size: Optional[int],
+    checkpointing: str = "none",
+) -> None:
+    errors = [
+        FieldError(path, f"must be one of {', '.join(choices)}; got {value!r}")
+        for path, value, choices in (
+            ("distributed.strategy", strategy, PLAN_STRATEGIES),
+            ("distributed.fsdp_sharding", fsdp_sharding, FSDP_SHARDING),
+            ("distributed.mixed_precision_policy", precision, PRECISIONS),
+            ("distributed.activation_checkpointing", checkpointing, ACTIVATION_CHECKPOINTING),
+        )
+        if value not in choices
+    ]
+    counts = (
+        ("training.micro_batch_size", micro_batch_size),
+        ("training.seq_len", seq_len),
+        ("world_size", world_size),
+    )
+    errors += [FieldError(path, f"must be >= 1, got {value}") for path, value in counts if value < 1]
+    if strategy == "single" and world_size != 1:
+        errors.append(FieldError("distributed.strategy", f"single needs world size 1, got {world_size}"))
+    if cpu_offload and (strategy != "fsdp" or fsdp_sharding not in OFFLOAD_SHARDING):
+        planned = " or ".join(OFFLOAD_SHARDING)
+        message = f"is planned for fsdp {planned} only, got {strategy} {fsdp_sharding}"
+        errors.append(FieldError("distributed.cpu_offload", message))
+    hybrid = strategy == "fsdp" and fsdp_sharding == "hybrid_shard"
+    if hybrid and (not node_size or node_size < 1 or world_size % node_size):
+        message = f"hybrid_shard needs ranks per node dividing world size {world_size}, got {node_size}"
+        errors.append(FieldError("node_size", message))
+    if errors:
+        raise ConfigError(errors)
+
+
+def plan_memory(
+    model: BrainAIConfig | str,
+    strategy: str,
+    *,
+    fsdp_sharding: str = "full_shard",
+    precision: str = "fp32",
+    micro_batch_size: int = 1,
+    seq_len: Optional[int] = None,
+    world_size: int = 1,
+    activation_checkpointing: str = "none",
+    activation_checkpointing_every: int = 2,
+    cpu_offload: bool = False,
+    node_size: Optional[int] = None,
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
+) -> MemoryPlan:
+    """Bytes per rank for `model` (a BrainAIConfig or a preset name) trained with AdamW.
+
+    See the module docstring for the formulas. seq_len defaults to the
+    model's max_seq_len; node_size (ranks per node) is needed for
+    hybrid_shard only. Bad inputs raise ConfigError naming the field.
+    """
+    cfg = _model_config(model)
+    seq_len = cfg.max_seq_len if seq_len is None else seq_len
+    _check_inputs(strategy, fsdp_sharding, precision, micro_batch_size, seq_len, world_size, cpu_offload, node_size,
+                  activation_checkpointing)
+
+    n_params = sum(wrap_unit_params(cfg))
+    unit = max(wrap_unit_params(cfg))
+    param_b = PARAM_BYTES[precision]
+    optim_b = ADAM_MOMENT_BYTES + (MASTER_WEIGHT_BYTES if param_b < 4 else 0)
+
+    sharding = fsdp_sharding if strategy == "fsdp" else "no_shard"
+    shard = {"no_shard": 1, "shard_grad_op": world_size, "full_shard": world_size, "hybrid_shard": node_size}[sharding]
+    # the sharded (or replicated) states, then the unsharded working copies on top
+    params = n_params * param_b if sharding == "shard_grad_op" else n_params * param_b // shard
+    grads = n_params * param_b // shard
+    optim = n_params * optim_b // shard
+    gathered_params = gathered_grads = 0
+    if sharding in ("full_shard", "hybrid_shard"):
+        gathered_params, gathered_grads = 2 * unit * param_b, unit * param_b
+    host = 0
+    if cpu_offload:
+        host, params, grads, optim = params + grads + optim, 0, 0, 0
+
+    return MemoryPlan(
+        choice=StrategyChoice(strategy, fsdp_sharding, activation_checkpointing, cpu_offload),
+        world_size=world_size,
+        shard_size=shard,
+        parameters=params + gathered_params,
+        gradients=grads + gathered_grads,
+        optimizer_state=optim,
+        activations=activation_bytes(
+            cfg, precision, micro_batch_size, seq_len, activation_checkpointing, activation_checkpointing_every
+        ),
+        overhead=overhead_bytes,
+        host=host,
+    )
+
+
+def strategy_ladder(
+    world_size: int, activation_checkpointing: str = "none", cpu_offload: bool = False
+) -> list[StrategyChoice]:
+    """The options `choose_strategy` tries, cheapest (least communication and recompute) first.
+
+    What the user already requested stays on in every option (the checkpointing
+    rungs check every block); options that cannot honour a requested CPU
+    offload are left out.
+    """
+    ladder = [
+        StrategyChoice("single" if world_size == 1 else "ddp"),
+        StrategyChoice("fsdp", "shard_grad_op"),
+        StrategyChoice("fsdp", "full_shard"),
+        StrategyChoice("fsdp", "full_shard", activation_checkpointing="full"),
+        StrategyChoice("fsdp", "full_shard", activation_checkpointing="full", cpu_offload=True),
+    ]
+    out: list[StrategyChoice] = []
+    for option in ladder:
+        if cpu_offload and (option.strategy, option.fsdp_sharding) != ("fsdp", "full_shard"):
+            continue
+        option = replace(
+            option,
+            activation_checkpointing=(
+                activation_checkpointing if option.activation_checkpointing == "none" else option.activation_checkpointing
+            ),
+            cpu_offload=option.cpu_offload or cpu_offload,
+        )
+        if option not in out:
+            out.append(option)
+    return out
+
+
+def plan_ladder(
+    model: BrainAIConfig | str,
+    *,
+    world_size: int,
+    precision: str = "fp32",
+    micro_batch_size: int = 1,
+    seq_len: Optional[int] = None,
+    activation_checkpointing: str = "none",
+    activation_checkpointing_every: int = 2,
+    cpu_offload: bool = False,
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
+) -> list[tuple[StrategyChoice, MemoryPlan]]:
+    """Every option of `strategy_ladder`, cheapest first, with its per-rank plan."""
+    return [
+        (
+            option,
+            plan_memory(
+                model,
+                option.strategy,
+                fsdp_sharding=option.fsdp_sharding,
+                precision=precision,
+                micro_batch_size=micro_batch_size,
+                seq_len=seq_len,
+                world_size=world_size,
+                activation_checkpointing=option.activation_checkpointing,
+                activation_checkpointing_every=activation_checkpointing_every,
+                cpu_offload=option.cpu_offload,
+                overhead_bytes=overhead_bytes,
+            ),
+        )
+        for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload)
+    ]
+
+
+def first_fit(
+    ladder: list[tuple[StrategyChoice, MemoryPlan]], device_memory_bytes: int, model: BrainAIConfig | str
+) -> tuple[StrategyChoice, MemoryPlan]:
+    """The cheapest planned option that fits, else InsufficientMemoryError for the last, smallest one."""
+    for option, plan in ladder:
+        if plan.fits(device_memory_bytes):
+            return option, plan
+    raise InsufficientMemoryError(ladder[-1][1], device_memory_bytes, _model_name(model))
+
+
+def choose_strategy(
+    model: BrainAIConfig | str,
+    *,
+    world_size: int,
+    device_memory_bytes: int,
+    precision: str = "fp32",
+    micro_batch_size: int = 1,
+    seq_len: Optional[int] = None,
+    activation_checkpointing: str = "none",
+    activation_checkpointing_every: int = 2,
+    cpu_offload: bool = False,
+    overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
+) -> tuple[StrategyChoice, MemoryPlan]:
+    """The first option of `strategy_ladder` whose plan fits in device_memory_bytes per rank.
+
+    Raises InsufficientMemoryError (a ConfigError) saying how many GiB per
+    rank the last, smallest option lacks.
+    """
+    ladder = plan_ladder(
+        model,
+        world_size=world_size,
+        precision=precision,
+        micro_batch_size=micro_batch_size,
+        seq_len=seq_len,
+        activation_checkpointing=activation_checkpointing,
+        activation_checkpointing_every=activation_checkpointing_every,
+        cpu_offload=cpu_offload,
+        overhead_bytes=overhead_bytes,
+    )
+    return first_fit(ladder, device_memory_bytes, model)
+
+
+def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes: Optional[int]) -> DistributedConfig:
+    """cfg.distributed with `strategy: auto` made concrete; other strategies come back unchanged.
+
+    auto starts from the preset's recommendations (`TrainerConfig.resolved`). One rank -> single; unknown device memory (CPU) or a user
+    entrypoint (whose size the planner cannot know without torch) -> ddp;
+    otherwise the planner's cheapest fit for the preset, with
+    training.micro_batch_size, training.seq_len and
+    distributed.mixed_precision_policy.
+    """
+    if cfg.distributed.strategy != "auto":
+        return cfg.distributed
+    dist = cfg.resolved().distributed
+    if world_size == 1:
+        return replace(dist, strategy="single")
+    if device_memory_bytes is None or cfg.model.entrypoint:
+        return replace(dist, strategy="ddp")
+    choice, _ = choose_strategy(
+        planned_model(cfg.model),
+        world_size=world_size,
+        device_memory_bytes=device_memory_bytes,
+        precision=dist.mixed_precision_policy,
+        micro_batch_size=cfg.training.micro_batch_size,
+        seq_len=cfg.training.seq_len,
+        activation_checkpointing=dist.activation_checkpointing,
+        activation_checkpointing_every=dist.activation_checkpointing_every,
+        cpu_offload=dist.cpu_offload,
+    )
+    return replace(
+        dist,
+        strategy=choice.strategy,
+        fsdp_sharding=choice.fsdp_sharding if choice.strategy == "fsdp" else dist.fsdp_sharding,
+        activation_checkpointing=choice.activation_checkpointing,
+        cpu_offload=choice.cpu_offload,
+    )
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """Host (CPU) memory per rank for one plan, and the memory request of a pod running `ranks_per_pod` ranks."""
+
+    plan: MemoryPlan
+    accelerator: bool
+    ranks_per_pod: int
+    process: int  # the Python process: torch, and on GPUs the CUDA libraries and context
+    init: int  # the most initialisation holds on the host at once (meta init: one tensor)
+    training_states: int  # the device plan's states and activations, when the device is the CPU
+    offloaded: int  # CPU-offloaded sharded states
+    checkpoint_staging: int  # the async checkpoint's copy of this rank's parameters and optimizer state
+    data_workers: int  # DataLoader worker processes
+
+    @property
+    def total(self) -> int:
+        return (self.process + self.init + self.training_states + self.offloaded + self.checkpoint_staging
+                + self.data_workers)
+
+    @property
+    def pod_request(self) -> int:
+        """Bytes a pod should request: every rank's total with POD_HEADROOM, rounded up (to 64Mi; to 1Gi above 4Gi)."""
+        wanted = self.total * self.ranks_per_pod * POD_HEADROOM
+        granule = GIB if wanted > 4 * GIB else REQUEST_GRANULE
+        return -int(-wanted // granule) * granule
+
+    def summary(self) -> str:
+        device = "GPU" if self.accelerator else "CPU"
+        rows = [
+            ("process", self.process),
+            ("initialisation", self.init),
+            ("training states", self.training_states),
+            ("CPU offload", self.offloaded),
+            ("ckpt staging", self.checkpoint_staging),
+            ("data workers", self.data_workers),
+            ("total", self.total),
+        ]
+        lines = [f"host memory per rank ({self.plan.choice} on {device}):", *gib_rows(rows)]
+        lines.append(f"recommended pod memory request: {quantity(self.pod_request)} "
+                     f"({self.ranks_per_pod} rank(s) per pod, +{POD_HEADROOM - 1:.0%})")
+        return "\n".join(lines)
+
+
+def quantity(size: int) -> str:
+    """Bytes as a Kubernetes quantity: whole Gi when exact, else Mi."""
+    return f"{size // GIB}Gi" if size % GIB == 0 else f"{-(-size // MIB)}Mi"
+
+
+def plan_host_memory(
+    model: BrainAIConfig | str,
+    plan: MemoryPlan,
+    *,
+    accelerator: bool,
+    ranks_per_pod: int = 1,
+    async_checkpoint: bool = True,
+    checkpointing: bool = True,
+    data_workers: int = 0,
+) -> HostPlan:
+    """Host memory per rank for `plan` (see the module docstring); `accelerator`: the device is a GPU, else the CPU."""
+    cfg = _model_config(model)
+    held = -(-sum(wrap_unit_params(cfg)) // plan.shard_size)
+    return HostPlan(
+        plan=plan,
+        accelerator=accelerator,
+        ranks_per_pod=ranks_per_pod,
+        process=CUDA_PROCESS_BYTES if accelerator else CPU_PROCESS_BYTES,
+        init=largest_tensor_params(cfg) * INIT_BYTES_PER_PARAM,
+        training_states=0 if accelerator else plan.total - plan.overhead,
+        offloaded=plan.host,
+        checkpoint_staging=held * STAGED_BYTES_PER_PARAM if checkpointing and async_checkpoint else 0,
+        data_workers=data_workers * DATA_WORKER_BYTES,
+    )
+
+
+def rank_estimate(cfg: TrainerConfig, dist: DistributedConfig, world_size: int, *, node_size: int,
+                  accelerator: bool) -> Optional[int]:
+    """The planner's bytes per rank for a run's resolved strategy: device memory on an accelerator, host memory on
+    the CPU; None for a user model (its size is unknown here)."""
+    if cfg.model.entrypoint:
+        return None
+    try:
+        plan = plan_memory(
+            planned_model(cfg.model), dist.strategy, fsdp_sharding=dist.fsdp_sharding, precision=dist.mixed_precision_policy,
+            micro_batch_size=cfg.training.micro_batch_size, seq_len=cfg.training.seq_len, world_size=world_size,
+            activation_checkpointing=dist.activation_checkpointing,
+            activation_checkpointing_every=dist.activation_checkpointing_every, cpu_offload=dist.cpu_offload,
+            node_size=node_size,
+        )
+    except ConfigError:
+        return None
+    if accelerator:
+        return plan.total
+    return plan_host_memory(planned_model(cfg.model), plan, accelerator=False, async_checkpoint=cfg.checkpoint.async_save,
+                            checkpointing=cfg.checkpoint.enabled, data_workers=cfg.data.num_workers).total
+
+
+# A committed checkpoint beyond its tensors: DCP's .metadata, the manifest, the RNG and schedule states, pickle headers.
+CHECKPOINT_EXTRA_BYTES = 1 * MIB
+
+
+def checkpoint_bytes(n_params: int) -> int:
+    """A committed checkpoint's size for a model of `n_params` parameters: each in fp32 with AdamW's two fp32
+    moments (the staged copy's 12 bytes per parameter, whatever the strategy), plus CHECKPOINT_EXTRA_BYTES."""
+    return n_params * STAGED_BYTES_PER_PARAM + CHECKPOINT_EXTRA_BYTES
+
+
+def preset_checkpoint_bytes(model: BrainAIConfig | str) -> int:
+    """`checkpoint_bytes` of a preset (or a BrainAIConfig)."""
+    return checkpoint_bytes(sum(wrap_unit_params(_model_config(model))))
