@@ -167,10 +167,10 @@ def test_dockerignore_sends_only_what_the_build_copies():
     ]
     copied = [source.rstrip("/") for copy in STAGES["wheel"].all("COPY") for source in copy.split()[:-1]]
     assert copied == ["pyproject.toml", "README.md", "LICENSE", "trainer", "operator"]
-    for kept in (*copied, "trainer/brain_trainer/config.py", "operator/brain_operator/cli.py"):
+    for kept in (*copied, "trainer/brain_trainer/config/sections.py", "operator/brain_operator/cli.py"):
         assert (REPO / kept).exists() and not dockerignored(kept, patterns), kept
     for dropped in (".venv/bin/python", ".git/HEAD", "runs/job/ckpt", "tests/conftest.py", "charts/brain-operator/Chart.yaml",
-                    "trainer/brain_trainer/__pycache__/config.cpython-311.pyc"):
+                    "trainer/brain_trainer/config/__pycache__/sections.cpython-311.pyc"):
         assert dockerignored(dropped, patterns), dropped
 
 

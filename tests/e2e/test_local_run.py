@@ -248,7 +248,7 @@ def test_a_frozen_trainer_is_noticed_by_its_peer_and_the_group_resumes_with_the_
     assert f"(limit {WATCHDOG_FLOOR} s: floorSeconds;" in stalled[0]
     # Its stacks are in the log: the main thread where it waited, the watchdog's own.
     assert "[local-minimal-worker-0] Thread 0x" in out and "most recent call first" in out
-    assert 'brain_trainer/watchdog.py", line' in out and 'brain_trainer/train.py", line' in out
+    assert 'brain_trainer/resilience/watchdog.py", line' in out and 'brain_trainer/loop/train.py", line' in out
     # The runner saw it too: no progress for longer than the job allows (the frozen peer, then the group's restart).
     notes = [line for line in out.splitlines() if line.startswith("braintrain: ")]
     stall = next(i for i, line in enumerate(notes) if line.startswith("braintrain: stalled: no progress for "))
