@@ -36,7 +36,7 @@ def test_the_demo_job_trains_on_its_data_claim_and_evaluates(tmp_path):
     run = subprocess.run([BRAINTRAIN, "run", path, "--workdir", tmp_path / "run", "--claims", claims],
                          capture_output=True, text=True, timeout=360)
     assert run.returncode == 0, run.stdout[-4000:]
-    evals = [line for line in run.stdout.splitlines() if "brain_trainer.loop.train INFO eval step " in line]
+    evals = [line for line in run.stdout.splitlines() if "brain_trainer.observe.reporter INFO eval step " in line]
     assert len(evals) == 2 and "eval step 40/40 loss" in evals[-1] and "perplexity" in evals[-1]
     assert "status:      Succeeded" in run.stdout
     summary = next(line for line in run.stdout.splitlines() if line.startswith("eval loss:"))

@@ -131,8 +131,8 @@ def test_camel_case_paths_schema_and_round_trip():
 
 
 def test_config_modules_do_not_import_torch():
-    torch_free = ("config", "contract", "kubeyaml", "presets", "memory", "launcher", "metrics", "progress", "schedule",
-                  "checkpoint", "checkpoint.store")
+    torch_free = ("config", "contract", "config.kubeyaml", "config.presets", "parallel.memory", "parallel.launcher",
+                  "observe.metrics", "observe.progress", "loop.schedule", "checkpoint", "checkpoint.store")
     imports = ", ".join(f"brain_trainer.{name}" for name in torch_free)
     code = f"import sys, brain_trainer, {imports}; assert 'torch' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)

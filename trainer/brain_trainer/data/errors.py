@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Optional
 
 from ..contract import DATA_ERROR
+from ..schema import ConfigError, FieldError
 
 
-class DataError(ValueError):
-    """The message names the folder or file; `field` (data.path) the setting that led there, when there is one."""
+class DataError(ConfigError):
+    """Reported like a config error (`field: message`, or the message alone where no setting led there); the
+    message names the folder or file."""
 
     reason = DATA_ERROR  # what failure classification (resilience.failures) reports
 
     def __init__(self, message: str, field: Optional[str] = None):
-        super().__init__(f"{field}: {message}" if field else message)
+        super().__init__([FieldError(field or "", message)])

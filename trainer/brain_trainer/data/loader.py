@@ -175,7 +175,9 @@ class RankAwareSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.dataset)
-        return iter([int(self.permutation(p // n)[p % n]) for p in self.positions()])
+        positions = self.positions()
+        # Lazily: an epoch can hold millions of windows, and a run may read only the first few of them.
+        return (int(self.permutation(p // n)[p % n]) for p in positions)
 
     def __len__(self) -> int:
         return len(self.positions())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -42,8 +42,14 @@ class GradientAccumulator:
         self.scaler = scaler
         self.model = model
         self.max_grad_norm = max_grad_norm
-        # Total gradient norm before clipping at the last optimizer step (NaN before the first).
-        self.last_grad_norm = math.nan
+        # Total gradient norm before clipping at the last optimizer step, kept on the device: read at logging steps
+        # only, so an accelerator is not made to wait for it after every step.
+        self._grad_norm: Union[Tensor, float] = math.nan
+
+    @property
+    def last_grad_norm(self) -> float:
+        """Total gradient norm before clipping at the last optimizer step (NaN before the first)."""
+        return float(self._grad_norm)
 
     def is_boundary(self, micro_idx: int) -> bool:
         """True on the micro-step that completes an accumulation window."""
@@ -77,7 +83,7 @@ class GradientAccumulator:
             return False
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
-        self.last_grad_norm = self._clip(self._parameters(optimizer))
+        self._grad_norm = self._clip(self._parameters(optimizer))
         if self.scaler is not None:
             self.scaler.step(optimizer)  # skips the update when gradients overflowed
             self.scaler.update()
@@ -101,7 +107,7 @@ class GradientAccumulator:
         )
         return [p for p in source if p.grad is not None]
 
-    def _clip(self, params: list[Tensor]) -> float:
+    def _clip(self, params: list[Tensor]) -> Union[Tensor, float]:
         """Clip to max_grad_norm (0 = never) and return the norm before clipping."""
         if not params:
             return 0.0
@@ -110,7 +116,7 @@ class GradientAccumulator:
             norm = norm.full_tensor()
         if self.max_grad_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, norm, foreach=_foreach(params))
-        return float(norm)
+        return norm
 
 
 def _foreach(params: list[Tensor]) -> Optional[bool]:

@@ -150,8 +150,8 @@ def report(exc: BaseException, rank: Optional[str] = None) -> int:
     """Log why the trainer dies, write the termination message; returns the exit code."""
     reason, line = classify(exc)
     where = f"rank {rank}: " if rank is not None else ""
-    if isinstance(exc, ConfigError) or getattr(exc, "reason", None) == DATA_ERROR:
-        for error in exc.errors if isinstance(exc, ConfigError) else [line]:  # one line each, never a traceback
+    if isinstance(exc, ConfigError):
+        for error in exc.errors:  # one line per bad field, never a traceback
             print(f"error: {error}", file=sys.stderr)
     elif reason in SECONDARY_REASONS or (isinstance(exc, Fatal) and exc.__cause__ is None):
         # No traceback: the cause is on another rank, or the trainer decided it and the line says why.

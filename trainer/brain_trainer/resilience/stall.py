@@ -54,6 +54,11 @@ class StepTimes:
         if self.steps > self.warmup_steps:
             self._recent.append(seconds)
 
+    @property
+    def warm(self) -> bool:
+        """Whether a step after the warm-up has been timed (cheap: the loop asks after every step)."""
+        return bool(self._recent)
+
     def median(self) -> Optional[float]:
         """None until the warm-up is over and one step after it has been timed."""
         return statistics.median(self._recent) if self._recent else None

@@ -50,10 +50,10 @@ class Watchdog:
     def stepped(self, step: int) -> None:
         now = time.monotonic()
         with self._lock:
-            warming = self._times.median() is None
+            warming = not self._times.warm
             self._times.add(now - self._since)
             self._since, self._step = now, step
-            if warming and self._times.median() is not None:
+            if warming and self._times.warm:  # the limit may shrink from startupSeconds to the step-time rule
                 self._wake.set()
 
     def checkpointing(self) -> ContextManager[None]:

@@ -21,7 +21,7 @@ def open_split(path: str, seq_len: int, split: str) -> TokenDataset:
     try:
         return TokenDataset(path, seq_len, split)
     except DataError as exc:
-        raise DataError(str(exc), field="data.path") from None
+        raise DataError(str(exc), field="data.path") from None  # the setting that led to the file
 
 
 def follow_vocabulary(cfg: TrainerConfig, vocab_size: int) -> TrainerConfig:
