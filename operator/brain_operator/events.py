@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from .failure_policy import consequence, explain
-from .job_status import FAILED, RESTARTING
-from .pods import terminated_states, true_condition
+from .job_status import FAILED, RESTARTING, JobStatus
+from .pods import terminated_states
 from .spec.model import FailurePolicySpec
 
 NORMAL, WARNING = "Normal", "Warning"
@@ -60,17 +60,18 @@ def phase_event(previous_phase: Optional[str], phase: Optional[str], message: st
 
 
 def compute_events(
-    previous: Mapping[str, Any], status: Mapping[str, Any], failed_pods: Iterable[Mapping[str, Any]],
+    before: JobStatus, status: JobStatus, failed_pods: Iterable[Mapping[str, Any]],
     policy: Optional[FailurePolicySpec] = None,
 ) -> list[Event]:
     """Events for one reconcile: its newly handled worker failures (judged by `policy`, default: the defaults),
     then the phase change if any."""
     events = [worker_failure_event(pod, policy or FailurePolicySpec()) for pod in failed_pods]
-    transition = phase_event(previous.get("phase"), status.get("phase"), _phase_message(status))
+    transition = phase_event(before.phase, status.phase, _phase_message(status))
     if transition is not None:
         events.append(transition)
     return events
 
 
-def _phase_message(status: Mapping[str, Any]) -> str:
-    return (true_condition(status, status.get("phase")) or {}).get("message") or ""
+def _phase_message(status: JobStatus) -> str:
+    condition = status.condition(status.phase) if status.phase else None
+    return (condition.message if condition else None) or ""

@@ -6,8 +6,9 @@ or a Service deleted by hand) and a periodic resync all call
 `reconcile_job`, which re-reads the job and reconciles it under a per-job
 lock: child events and job events arrive on different kopf workers, and a
 stale copy of the status must never be written back (restarts only grow).
-The resync also copies rank 0's progress document (step, loss, throughput,
-last checkpoint) into status.
+The resync's pass also asks rank 0 for its progress document (step, loss,
+throughput, last checkpoint), which the plan copies into status with the
+rest: one pass, one status write.
 
 Children are watched with a server-side label selector and kept in kopf
 indexes (children.py), which reconcile reads instead of listing. A pass
@@ -37,22 +38,19 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 import kopf
 from brain_trainer.contract import METRICS_PORT, PROGRESS_PATH
-from brain_trainer.schema import ConfigError
 
 from . import __version__
 from .backoff import Backoff, JobRetries
 from .children import WATCH_SELECTOR, WATCHED, observed_child
 from .cluster import ClusterClient, KubernetesClient
-from .job_status import RUNNING
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
 from .names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
-from .on_demand import answered_events
 from .pods import RUNNING as POD_RUNNING
-from .progress import POLL_SECONDS, changed, progress_status
-from .reconcile import POD, Observed, deletion_events, reconcile
-from .spec import GROUP, PLURAL, VERSION, OperatorDefaults, parse_job
+from .progress import POLL_SECONDS
+from .reconcile import Observed, deletion_events, reconcile
+from .spec import GROUP, PLURAL, VERSION, OperatorDefaults
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +124,23 @@ class Context:
         with self._guard:
             return sorted(self._jobs)
 
+    def rank0_progress(self, pods: Sequence[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+        """Rank 0's progress document: the first worker that answers holds rank 0 (the others serve nothing)."""
+        return next(filter(None, map(self.fetch, progress_urls(pods, METRICS_PORT))), None)
 
-def reconcile_job(context: Context, namespace: str, name: str) -> Optional[dict[str, Any]]:
-    """Reconcile the job as it is now in the API server; None when it is gone."""
+
+def reconcile_job(context: Context, namespace: str, name: str, *, poll: bool = False) -> Optional[dict[str, Any]]:
+    """Reconcile the job as it is now in the API server; None when it is gone.
+
+    `poll` (the resync) asks rank 0 for its progress too: once per resync,
+    and never on a pod event, whose pass an unresponsive worker would hold up.
+    """
     with context.lock(namespace, name), context.metrics.reconcile():
         manifest = context.client.get_job(namespace, name)
         context.remember(namespace, name, manifest is not None)
         status = None if manifest is None else reconcile(
-            manifest, context.client, context.clock(), context.defaults, context.observed
+            manifest, context.client, context.clock(), context.defaults, context.observed,
+            context.rank0_progress if poll else None,
         )
         # Under the job's lock: a slower reconcile must not record its older phase after a newer one.
         context.metrics.observe_phase(namespace, name, None if status is None else status.get("phase"))
@@ -186,30 +193,6 @@ def indexed(indexes: Mapping[tuple[str, str], kopf.Index]) -> Observed:
     return observed
 
 
-def poll_progress(context: Context, namespace: str, name: str) -> None:
-    """Copy rank 0's progress document into status.progress and status.lastCheckpoint (elastic jobs that run)."""
-    with context.lock(namespace, name):
-        manifest = context.client.get_job(namespace, name)
-        status = (manifest or {}).get("status") or {}
-        if manifest is None or status.get("phase") != RUNNING:
-            return
-        try:
-            job = parse_job(manifest, defaults=context.defaults)
-        except ConfigError:
-            return  # edited into an invalid spec since its reconcile: the next one reports it
-        if job.spec.backend != "elastic":
-            return
-        watched = context.observed(namespace, name, POD) if context.observed is not None else None
-        pods = watched if watched is not None else context.client.list_children(*POD, namespace, name)
-        # The first worker that answers is rank 0's: the others serve nothing.
-        doc = next(filter(None, map(context.fetch, progress_urls(pods, METRICS_PORT))), None)
-        new = progress_status(doc, status, now=context.clock(), mount_path=job.spec.checkpoint.mount_path)
-        if changed(status, new):
-            context.client.patch_status(namespace, name, new)
-            for event in answered_events(status, new):
-                context.client.post_event(manifest, event)
-
-
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
@@ -233,13 +216,12 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> None:
-    """Reconcile every known job and poll its progress periodically (a kopf timer would add a finalizer)."""
+    """Reconcile every known job, with its progress, periodically (a kopf timer would add a finalizer)."""
     while True:
         await asyncio.sleep(interval)
         for namespace, name in context.known_jobs():
             try:
-                await asyncio.to_thread(reconcile_job, context, namespace, name)
-                await asyncio.to_thread(poll_progress, context, namespace, name)
+                await asyncio.to_thread(reconcile_job, context, namespace, name, poll=True)
             except Exception:  # one broken job must not stop the others' resync; the next resync tries again
                 job_logger(log, namespace, name).exception("resync failed")
 

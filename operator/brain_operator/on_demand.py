@@ -37,17 +37,13 @@ def request_events(
             )
 
 
-def answered_events(previous: Mapping[str, Any], polled: Mapping[str, Any]) -> Iterator[Event]:
-    """CheckpointCommitted, with its step, when rank 0's progress answers a new request.
-
-    `previous` is the job's status, `polled` the fields the progress poll writes over it.
-    """
-    before = JobStatus.read(previous).progress
-    after = JobStatus.read({**previous, **polled}).progress
-    request = after.checkpoint_request if after else None
-    if request and request != (before.checkpoint_request if before else None):
+def answered_events(before: JobStatus, after: JobStatus) -> Iterator[Event]:
+    """CheckpointCommitted, with its step, when rank 0's progress in `after` answers a request `before` had not."""
+    answer, asked = after.progress, before.progress.checkpoint_request if before.progress else None
+    if answer is not None and answer.checkpoint_request and answer.checkpoint_request != asked:
         yield Event(
             NORMAL,
             "CheckpointCommitted",
-            f"checkpoint of step {after.checkpoint_request_step} committed for {CHECKPOINT_NOW_ANNOTATION}={request}",
+            f"checkpoint of step {answer.checkpoint_request_step} committed for "
+            f"{CHECKPOINT_NOW_ANNOTATION}={answer.checkpoint_request}",
         )

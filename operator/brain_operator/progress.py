@@ -1,9 +1,9 @@
 """Rank 0's progress document -> `status.progress`, `status.lastCheckpoint` and `status.goodput` (pure).
 
-The operator polls each running job's rank-0 `/progress` endpoint once per
-resync (POLL_SECONDS); these functions decide what to write, so
-a large fleet does not flood the API server: a job's status is patched only
-when the answer changed.
+The operator asks each running elastic job's rank-0 `/progress` endpoint
+once per resync (POLL_SECONDS), as an observation of that resync's
+reconcile; the plan merges the answer here, so a large fleet does not flood
+the API server: a document that did not change leaves the status as it was.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ from typing import Any, Mapping, Optional
 
 from brain_trainer.contract import Goodput, Progress, checkpoint_path, format_time
 
-from .job_status import JobStatus, LastCheckpoint
+from .job_status import RUNNING, JobStatus, LastCheckpoint
 
 # How often the operator polls rank 0's progress (and reconciles every job: handlers' resync).
 POLL_SECONDS = 30.0
-# The status fields the progress poll owns (reconcile keeps them as they are).
-POLLED = ("progress", "lastCheckpoint", "goodput")
+
+
+def reports_progress(backend: str, phase: Optional[str]) -> bool:
+    """Whether rank 0's document is asked for, and taken: an elastic job that runs (Kubeflow's pods are not ours)."""
+    return backend == "elastic" and phase == RUNNING
 
 
 def shown(progress: Progress, now: datetime) -> Progress:
@@ -45,33 +48,30 @@ def shown_goodput(goodput: Goodput) -> Goodput:
     return Goodput(ratio=round(goodput.ratio, 3), **seconds)
 
 
-def progress_status(
-    doc: Optional[Mapping[str, Any]], previous: Mapping[str, Any], *, now: datetime, mount_path: str
-) -> dict[str, Any]:
-    """The `progress` and `lastCheckpoint` fields of the new status.
+def progress_status(doc: Optional[Mapping[str, Any]], status: JobStatus, *, now: datetime, mount_path: str) -> JobStatus:
+    """`status` with rank 0's document in its `progress`, `lastCheckpoint` and `goodput`, when the document is news.
 
-    `doc` is None when the worker could not be reached: the previous values
-    stand, so a restarting pod never blanks what `kubectl get btj` shows.
+    `doc` is None when no worker was asked or none answered: the previous
+    values stand, so a restarting pod never blanks what `kubectl get btj`
+    shows. Neither does a document that changed only its time: `updatedAt`
+    stays when the operator last saw it change (stalled.py), and no patch is due.
     """
-    status = JobStatus.read(previous)
     progress = Progress.read(doc)
-    if progress is not None:
-        status = replace(status, progress=shown(progress, now))
-        if progress.last_checkpoint_step:
-            step = progress.last_checkpoint_step
-            status = replace(status, last_checkpoint=LastCheckpoint(step=step, path=checkpoint_path(mount_path, step)))
-        if progress.goodput is not None:
-            status = replace(status, goodput=shown_goodput(progress.goodput))
-    written = status.to_dict()
-    return {key: written[key] for key in POLLED if key in written}
+    if progress is None:
+        return status
+    out = replace(status, progress=shown(progress, now))
+    if progress.last_checkpoint_step:
+        step = progress.last_checkpoint_step
+        out = replace(out, last_checkpoint=LastCheckpoint(step=step, path=checkpoint_path(mount_path, step)))
+    if progress.goodput is not None:
+        out = replace(out, goodput=shown_goodput(progress.goodput))
+    return out if _untimed(out) != _untimed(status) else status
 
 
-def changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether a patch is worth sending (the timestamp alone is not news)."""
-    strip = lambda p: {k: v for k, v in (p or {}).items() if k != "updatedAt"}  # noqa: E731
-    return strip(old.get("progress")) != strip(new.get("progress")) or any(
-        old.get(key) != new.get(key) for key in ("lastCheckpoint", "goodput")
-    )
+def _untimed(status: JobStatus) -> tuple[Optional[Progress], Optional[LastCheckpoint], Optional[Goodput]]:
+    """What the document says, without when the operator saw it (the time alone is no news)."""
+    progress = None if status.progress is None else replace(status.progress, updated_at=None)
+    return progress, status.last_checkpoint, status.goodput
 
 
 def _round(value: Optional[float]) -> Optional[float]:

@@ -1,12 +1,14 @@
 """One reconcile of a BrainTrainingJob: validate, render, plan, act.
 
 `plan` is pure: from the parsed job, its rendered objects, the children that
-exist, the previous status and `now`, it returns the writes to make and the
-new status. `apply` makes them through a ClusterClient. `reconcile` strings
-the two together and is what every kopf handler calls, so creation, resume,
-spec changes, pod events and the timer all follow one code path. The
-children come from the operator's watches when it has them (children.py),
-else, and after a Conflict, from listing them.
+exist, rank 0's progress document (when the caller polls), the previous
+status and `now`, it returns the writes to make and the new status, a typed
+`JobStatus`. `apply` makes them through a ClusterClient, serialising the
+status once. `reconcile` strings the two together and is what every kopf
+handler and the resync call, so creation, resume, spec changes, pod events
+and the resync (with its progress poll) all follow one code path, which
+writes status once per pass. The children come from the operator's watches
+when it has them (children.py), else, and after a Conflict, from listing them.
 
 Idempotent by construction: a second pass over the same cluster plans no
 writes, and the status is patched only when it changed.
@@ -25,11 +27,12 @@ from .accounting import still_handled, unhandled
 from .cluster import ClusterClient, Conflict, ObjectRef
 from .events import NORMAL, Event, compute_events
 from .failure_policy import WorkerFailure, consequence, explain, first_cause
-from .job_status import FAILED, SUCCEEDED, JobStatus
+from .job_status import FAILED, SUCCEEDED, JobStatus, read_status
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
-from .on_demand import request_events
+from .on_demand import answered_events, request_events
 from .stalled import stalled_status
 from .pods import PodView, pod_view
+from .progress import progress_status, reports_progress
 from .render import checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
@@ -56,14 +59,15 @@ CONFLICT_REPLANS = 3
 
 # The children of one kind of one job as the watches last saw them, or None when that kind is not watched.
 Observed = Callable[[str, str, tuple[str, str]], Optional[list[dict]]]
+# Rank 0's progress document, asked of a job's worker pods (handlers does it over HTTP); None when none answers.
+Poll = Callable[[Sequence[Mapping[str, Any]]], Optional[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class Plan:
     """The writes one reconcile makes, and the status they lead to."""
 
-    status: dict[str, Any]
-    status_patch: dict[str, Any] = field(default_factory=dict)
+    status: JobStatus
     creates: tuple[dict, ...] = ()
     deletes: tuple[ObjectRef, ...] = ()
     patches: tuple[tuple[ObjectRef, dict], ...] = ()
@@ -76,16 +80,19 @@ def reconcile(
     now: datetime,
     defaults: Optional[OperatorDefaults] = None,
     observed: Optional[Observed] = None,
+    poll: Optional[Poll] = None,
 ) -> Optional[dict[str, Any]]:
-    """Bring one job's children and status in line with its spec; returns the new status.
+    """Bring one job's children and status in line with its spec; returns the new status as written.
 
-    On a Conflict the job is read again (its status may be written already)
-    and planned again from children listed afresh; None when it is gone.
+    With `poll`, a running elastic job's progress document is part of what
+    the pass observes. On a Conflict the job is read again (its status may be
+    written already) and planned again from children listed afresh; None when
+    it is gone.
     """
     replans = 0
     while True:
         try:
-            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None)
+            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None, poll)
         except Conflict:
             replans += 1
             if replans > CONFLICT_REPLANS:
@@ -103,6 +110,7 @@ def _reconcile_once(
     now: datetime,
     defaults: Optional[OperatorDefaults],
     observed: Optional[Observed],
+    poll: Optional[Poll],
 ) -> dict[str, Any]:
     previous = manifest.get("status") or {}
     try:
@@ -119,20 +127,32 @@ def _reconcile_once(
             seen = observed(job.namespace, job.name, kind) if observed is not None else None
             children += seen if seen is not None else client.list_children(*kind, job.namespace, job.name)
         children += kueue_workloads(job, children, client)
-        the_plan = plan(job, desired, children, previous, now)
-    apply(the_plan, client, manifest)
-    return the_plan.status
+        the_plan = plan(job, desired, children, previous, now, _polled(job, previous, children, poll))
+    return apply(the_plan, client, manifest)
 
 
-def apply(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any]) -> None:
+def _polled(
+    job: Job, previous: Mapping[str, Any], children: Sequence[Mapping[str, Any]], poll: Optional[Poll]
+) -> Optional[dict[str, Any]]:
+    """Rank 0's progress document, asked of the pods of a job that was running (the plan takes it if it still is)."""
+    if poll is None or not reports_progress(job.spec.backend, previous.get("phase")):
+        return None
+    return poll([c for c in children if _kind(c) == POD])
+
+
+def apply(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any]) -> dict[str, Any]:
     """Make the planned writes, the status first (accounting.py says why), then its events, then the children.
 
-    A status write that fails stops the pass before any pod is deleted;
-    deletions come before creations, so a replaced pod's name is free again.
+    The status is serialised here, once, and patched only where it changed;
+    returns it as written. A status write that fails stops the pass before
+    any pod is deleted; deletions come before creations, so a replaced pod's
+    name is free again.
     """
-    if the_plan.status_patch:
+    previous, written = manifest.get("status") or {}, the_plan.status.to_dict()
+    patch = status_patch(previous, written)
+    if patch:
         meta = manifest.get("metadata") or {}
-        client.patch_status(meta.get("namespace", ""), meta.get("name", ""), the_plan.status_patch)
+        client.patch_status(meta.get("namespace", ""), meta.get("name", ""), patch)
     for event in the_plan.events:
         client.post_event(manifest, event)
     for ref in the_plan.deletes:
@@ -141,6 +161,7 @@ def apply(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any]) ->
         client.create(obj)
     for ref, body in the_plan.patches:
         client.patch(ref, body)
+    return written
 
 
 def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -191,11 +212,11 @@ def deletion_events(manifest: Mapping[str, Any], defaults: Optional[OperatorDefa
 
 def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime, reason: str = INVALID_SPEC) -> Plan:
     """An invalid spec: no child is touched; the status names every bad field (Valid=False with `reason`)."""
-    previous = manifest.get("status") or {}
+    before = read_status(manifest)
     generation = (manifest.get("metadata") or {}).get("generation")
     generation = generation if isinstance(generation, int) else 0
-    status = invalid_status(previous, generation, "; ".join(str(e) for e in err.errors), now, reason)
-    return Plan(status=status, status_patch=status_patch(previous, status), events=tuple(compute_events(previous, status, [])))
+    status = invalid_status(before, generation, "; ".join(str(e) for e in err.errors), now, reason)
+    return Plan(status=status, events=tuple(compute_events(before, status, [])))
 
 
 def plan(
@@ -204,22 +225,27 @@ def plan(
     children: Sequence[Mapping[str, Any]],
     previous: Mapping[str, Any],
     now: datetime,
+    progress: Optional[Mapping[str, Any]] = None,
 ) -> Plan:
-    """Everything one reconcile decides, for either backend."""
+    """Everything one reconcile decides, for either backend; `progress` is rank 0's document if it was polled."""
     existing = {ObjectRef.of(c): c for c in children}
+    before = JobStatus.read(previous)
     if job.spec.backend == "pytorchjob":
-        the_plan = _plan_pytorchjob(job, desired, existing, previous, now)
+        the_plan = _plan_pytorchjob(job, desired, existing, before, now)
     else:
-        the_plan = _plan_elastic(job, desired, existing, previous, now)
-    status, stall_events = stalled_status(job.spec.watchdog, job.spec.training.log_interval, the_plan.status, previous, now)
+        the_plan = _plan_elastic(job, desired, existing, before, now)
+    status = the_plan.status
+    if reports_progress(job.spec.backend, status.phase):
+        # Before the Stalled condition, which reads the progress time.
+        status = progress_status(progress, status, now=now, mount_path=job.spec.checkpoint.mount_path)
+    status, stall_events = stalled_status(job.spec.watchdog, job.spec.training.log_interval, status, before, now)
     # Once, at the first reconcile: a claim the operator cannot size.
-    unchecked = None if previous.get("phase") else unchecked_claim_event(job)
+    unchecked = None if before.phase else unchecked_claim_event(job)
     return replace(
         the_plan,
         status=status,
-        status_patch=status_patch(previous, status),
         events=(*([unchecked] if unchecked else []), *the_plan.events, *request_events(the_plan.patches, existing),
-                *stall_events),
+                *answered_events(before, status), *stall_events),
     )
 
 
@@ -239,14 +265,13 @@ def _plan_elastic(
     job: Job,
     desired: Sequence[Mapping[str, Any]],
     existing: Mapping[ObjectRef, Mapping[str, Any]],
-    previous: Mapping[str, Any],
+    before: JobStatus,
     now: datetime,
 ) -> Plan:
     spec, policy = job.spec, job.spec.run_policy
     wanted = {ObjectRef.of(o): o for o in desired if (o["apiVersion"], o["kind"]) == POD}
     pods = {ref: pod_view(obj) for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD}
     live = {ref: p for ref, p in pods.items() if not p.terminating}
-    before = JobStatus.read(previous)
     restarts = before.restarts
     terminal = is_terminal(before)
     failed_now = [existing[ref] for ref, p in live.items() if p.phase == FAILED]
@@ -288,11 +313,10 @@ def _plan_elastic(
     status = elastic_status(before, seen, now)
     return Plan(
         status=status,
-        status_patch=status_patch(previous, status),
         creates=tuple(creates),
         deletes=tuple(pod_plan.deletes),
         patches=() if terminal else tuple(_config_patches(desired, existing)),
-        events=tuple(compute_events(previous, status, reported, policy.failure_policy)),
+        events=tuple(compute_events(before, status, reported, policy.failure_policy)),
     )
 
 
@@ -352,13 +376,13 @@ def _plan_pytorchjob(
     job: Job,
     desired: Sequence[Mapping[str, Any]],
     existing: Mapping[ObjectRef, Mapping[str, Any]],
-    previous: Mapping[str, Any],
+    before: JobStatus,
     now: datetime,
 ) -> Plan:
     rendered = next(o for o in desired if (o["apiVersion"], o["kind"]) == PYTORCHJOB)
     ref = ObjectRef.of(rendered)
     current = existing.get(ref)
-    terminal = is_terminal(JobStatus.read(previous))
+    terminal = is_terminal(before)
     creates = [] if terminal else _missing_others(desired, existing)
     patches = [] if terminal else _config_patches(desired, existing)
     if current is not None and not terminal:
@@ -366,7 +390,7 @@ def _plan_pytorchjob(
         if drift:
             patches.append((ref, drift))
     status = pytorchjob_status(
-        previous,
+        before,
         current,
         generation=job.generation,
         desired=job.spec.nodes,
@@ -378,10 +402,9 @@ def _plan_pytorchjob(
     )
     return Plan(
         status=status,
-        status_patch=status_patch(previous, status),
         creates=tuple(creates),
         patches=tuple(patches),
-        events=tuple(compute_events(previous, status, [])),
+        events=tuple(compute_events(before, status, [])),
     )
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Mapping, Optional
+from typing import Optional
 
 from brain_trainer.config import WatchdogConfig
 from brain_trainer.contract import Progress, format_time, parse_time
@@ -63,40 +63,38 @@ def quiet(watchdog: WatchdogConfig, log_interval: int, progress: Optional[Progre
     return Quiet(since, (now - since).total_seconds(), limit + slack, why)
 
 
-def stalled_status(watchdog: WatchdogConfig, log_interval: int, status: Mapping[str, Any], previous: Mapping[str, Any],
-                   now: datetime) -> tuple[dict[str, Any], list[Event]]:
+def stalled_status(watchdog: WatchdogConfig, log_interval: int, status: JobStatus, before: JobStatus,
+                   now: datetime) -> tuple[JobStatus, list[Event]]:
     """The new status with its Stalled condition set or cleared (the previous one's, if any, carried over), and
     the event of a change."""
-    current = JobStatus.read(status)
-    old = next((c for c in JobStatus.read(previous).conditions if c.type == STALLED), None)
-    running = next((c for c in current.conditions if c.type == RUNNING and c.status == "True"), None)
+    old = next((c for c in before.conditions if c.type == STALLED), None)
+    running = status.condition(RUNNING)
     seen = None
-    if current.phase == RUNNING and running is not None:
+    if status.phase == RUNNING and running is not None:
         since = parse_time(running.last_transition_time) if running.last_transition_time else None
-        seen = quiet(watchdog, log_interval, current.progress, since, now)
+        seen = quiet(watchdog, log_interval, status.progress, since, now)
     if seen is None and old is None:
-        return dict(status), []
+        return status, []
     # Messages that stay the same while the state does: no status patch on every pass.
     if seen is not None and seen.seconds > seen.limit:
-        where = f"at step {current.progress.step}" if current.progress else "and no report yet"
+        where = f"at step {status.progress.step}" if status.progress else "and no report yet"
         new = Condition(STALLED, "True", NO_PROGRESS, f"no progress since {format_time(seen.since)} {where} "
                                                       f"(limit {seen.limit:.0f} s: {seen.why})")
     elif seen is not None:
         new = Condition(STALLED, "False", PROGRESSING, "progress reported within the limit")
     else:
-        new = Condition(STALLED, "False", current.phase or "", "not running")
+        new = Condition(STALLED, "False", status.phase or "", "not running")
     flipped = old is None or old.status != new.status
     new = replace(new, last_transition_time=format_time(now) if flipped else old.last_transition_time)
-    conditions = [c for c in current.conditions if c.type != STALLED] + [new]
     events = []
     if flipped and new.status == "True":
         events.append(Event(WARNING, "Stalled", new.message))
     elif flipped and old is not None and old.status == "True":
-        step = f" at step {current.progress.step}" if current.progress else ""
+        step = f" at step {status.progress.step}" if status.progress else ""
         events.append(Event(NORMAL, "Progressing", f"progress again{step}" if new.reason == PROGRESSING
                             else f"no longer stalled: {new.reason}"))
-    # Only the conditions change: every other field stays as the pass wrote it.
-    return {**status, "conditions": replace(current, conditions=conditions).to_dict()["conditions"]}, events
+    # Only the conditions change: every other field stays as the pass made it.
+    return replace(status, conditions=[c for c in status.conditions if c.type != STALLED] + [new]), events
 
 
 def _step_time(progress: Optional[Progress]) -> Optional[float]:

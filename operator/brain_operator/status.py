@@ -1,10 +1,10 @@
 """A BrainTrainingJob's `status`, computed from what its children show (pure).
 
 Nothing here reads the clock or the cluster: `now`, the pods (or the
-PyTorchJob) and the previous status come in, a new status goes out, built as
-the typed `JobStatus` and serialised once. Two rules hold whatever the
-children say: `restarts` never goes down, and a terminal phase (Succeeded,
-Failed) never changes again.
+PyTorchJob) and the previous status come in, a new status goes out, both
+typed `JobStatus` (reconcile.apply serialises it once, as it writes it).
+Two rules hold whatever the children say: `restarts` never goes down, and a
+terminal phase (Succeeded, Failed) never changes again.
 """
 
 from __future__ import annotations
@@ -131,9 +131,8 @@ def all_succeeded(pods: Sequence[PodView], desired: int) -> bool:
 _VALID = (True, "SpecValid", "")
 
 
-def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, now: datetime) -> dict[str, Any]:
+def elastic_status(before: JobStatus, seen: Observation, now: datetime) -> JobStatus:
     """The new status of an elastic job; a terminal one only refreshes its counts."""
-    before = JobStatus.read(previous)
     workers = worker_counts(seen.pods, seen.desired)
     if seen.failure is not None:
         phase, reason, message = FAILED, seen.failure.reason, seen.failure.message
@@ -162,22 +161,21 @@ def elastic_status(previous: Mapping[str, Any] | JobStatus, seen: Observation, n
         out = replace(out, handled_failures=list(seen.handled_failures) or None)
     if not is_terminal(before):
         out = _moved(out, before, phase, _conditions(before, phase, reason, message, now, valid=_VALID), now)
-    return out.to_dict()
+    return out
 
 
-def invalid_status(previous: Mapping[str, Any], generation: int, message: str, now: datetime,
-                   reason: str = INVALID_SPEC) -> dict[str, Any]:
+def invalid_status(before: JobStatus, generation: int, message: str, now: datetime,
+                   reason: str = INVALID_SPEC) -> JobStatus:
     """An invalid spec: Failed with Valid=False (`reason`, one of SPEC_REASONS) naming every bad field; nothing else
     changes.
 
     A finished job stays finished whatever its spec becomes.
     """
-    before = JobStatus.read(previous)
     out = replace(before, observed_generation=generation)
     if not is_terminal(before):
         out = replace(out, phase=FAILED,
                       conditions=_conditions(before, FAILED, reason, message, now, valid=(False, reason, message)))
-    return out.to_dict()
+    return out
 
 
 # Kubeflow's PyTorchJob condition types, most decisive first.
@@ -186,7 +184,7 @@ _KUBEFLOW_PHASES = ((FAILED, FAILED), (SUCCEEDED, SUCCEEDED), (SUSPENDED, SUSPEN
 
 
 def pytorchjob_status(
-    previous: Mapping[str, Any],
+    before: JobStatus,
     pytorchjob: Optional[Mapping[str, Any]],
     *,
     generation: int,
@@ -196,12 +194,11 @@ def pytorchjob_status(
     selector: str,
     now: datetime,
     queued: Optional[tuple[str, str]] = None,
-) -> dict[str, Any]:
+) -> JobStatus:
     """The new status of a job delegated to Kubeflow, read from its PyTorchJob's conditions.
 
     `queued` (Kueue's reason and message) while Kueue keeps the PyTorchJob suspended.
     """
-    before = JobStatus.read(previous)
     kf_status = (pytorchjob or {}).get("status") or {}
     phase, reason, message, since = PENDING, "PyTorchJobPending", "waiting for the PyTorchJob", None
     for kf_type, ours in _KUBEFLOW_PHASES:
@@ -223,7 +220,7 @@ def pytorchjob_status(
     if not is_terminal(before):
         conditions = _conditions(before, phase, reason, message, now, valid=_VALID, since=since)
         out = _moved(out, before, phase, conditions, now, reported=kf_status)
-    return out.to_dict()
+    return out
 
 
 def _kubeflow_workers(kf_status: Mapping[str, Any], desired: int) -> WorkerCounts:
@@ -243,7 +240,8 @@ def _counted(
     before: JobStatus, generation: int, workers: WorkerCounts, selector: str, restarts: int, strategy: str,
     effective_batch_size: int,
 ) -> JobStatus:
-    """The previous status (progress and lastCheckpoint are the progress poll's) with this pass's counts."""
+    """The previous status (its progress fields change only with rank 0's document: progress.py) with this pass's
+    counts."""
     # `nodes` feeds the Nodes printer column; `selector` the scale subresource (kubectl scale, HPA).
     return replace(
         before,

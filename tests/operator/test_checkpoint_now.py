@@ -7,6 +7,7 @@ from test_reconcile import NS, manifest, started, step
 
 from brain_operator import handlers
 from brain_operator.cluster import ObjectRef
+from brain_operator.job_status import JobStatus
 from brain_operator.on_demand import answered_events
 from brain_trainer.contract import CONFIG_FILE, Progress
 from brain_trainer.observe.metrics import MetricsServer
@@ -91,13 +92,13 @@ def test_the_answer_in_rank_0s_progress_becomes_one_event_with_its_step():
         for pod in cluster.pods():
             cluster.set_pod(pod, "Running", ready=True, podIP="127.0.0.1")
         server.publish(Progress(step=40, total_steps=200, last_checkpoint_step=30))
-        handlers.poll_progress(ctx, NS, "demo")
+        handlers.reconcile_job(ctx, NS, "demo", poll=True)
         assert [e for _, e in cluster.events if e.reason == "CheckpointCommitted"] == []
 
         server.publish(Progress(step=44, total_steps=200, last_checkpoint_step=42, checkpoint_request="r1",
                                 checkpoint_request_step=42))
-        handlers.poll_progress(ctx, NS, "demo")
-        handlers.poll_progress(ctx, NS, "demo")  # seen again: no second event
+        handlers.reconcile_job(ctx, NS, "demo", poll=True)
+        handlers.reconcile_job(ctx, NS, "demo", poll=True)  # seen again: no second event
         status = cluster.get_job(NS, "demo")["status"]
         assert (status["progress"]["checkpointRequest"], status["progress"]["checkpointRequestStep"]) == ("r1", 42)
         (event,) = [e for _, e in cluster.events if e.reason == "CheckpointCommitted"]
@@ -107,7 +108,7 @@ def test_the_answer_in_rank_0s_progress_becomes_one_event_with_its_step():
 
 
 def test_answered_events_need_a_new_request():
-    answered = {"progress": {"step": 5, "checkpointRequest": "a", "checkpointRequestStep": 4}}
-    assert list(answered_events({}, {"progress": {"step": 5}})) == []
-    assert [e.reason for e in answered_events({}, answered)] == ["CheckpointCommitted"]
+    answered = JobStatus.read({"progress": {"step": 5, "checkpointRequest": "a", "checkpointRequestStep": 4}})
+    assert list(answered_events(JobStatus(), JobStatus.read({"progress": {"step": 5}}))) == []
+    assert [e.reason for e in answered_events(JobStatus(), answered)] == ["CheckpointCommitted"]
     assert list(answered_events(answered, answered)) == []

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from brain_operator import crd
+from brain_operator.job_status import JobStatus
 from brain_operator.progress import progress_status
 from brain_operator.spec import API_SERVER_RULES, TRANSITION_RULES, ConfigError, parse_job
 from brain_operator.spec.edits import immutable_fields, propagated_fields
@@ -126,7 +127,7 @@ def test_printer_columns():
 
 def test_status_schema_accepts_what_the_operator_writes():
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-    status = {
+    counted = JobStatus.read({
         "phase": "Running",
         "conditions": [{"type": "Running", "status": "True", "reason": "WorkersRunning", "message": "", "lastTransitionTime": "2026-01-02T03:04:05Z"}],
         "workers": {"desired": 3, "ready": 3, "running": 3, "succeeded": 0, "failed": 0},
@@ -137,14 +138,15 @@ def test_status_schema_accepts_what_the_operator_writes():
         "effectiveBatchSize": 256,
         "startTime": "2026-01-02T03:00:00Z",
         "observedGeneration": 4,
-        **progress_status(
-            {"step": 120, "total_steps": 1000, "loss": 2.5, "tokens_per_second": 1e5, "eta_seconds": 600, "last_checkpoint_step": 100,
-             "eval_loss": 2.75},
-            {},
-            now=now,
-            mount_path="/ckpt",
-        ),
-    }
+    })
+    status = progress_status(
+        {"step": 120, "total_steps": 1000, "loss": 2.5, "tokens_per_second": 1e5, "eta_seconds": 600, "last_checkpoint_step": 100,
+         "eval_loss": 2.75},
+        counted,
+        now=now,
+        mount_path="/ckpt",
+    ).to_dict()
+    assert status["restarts"] == 1 and status["progress"]["step"] == 120 and status["lastCheckpoint"]["step"] == 100
     validator = jsonschema.Draft4Validator(SCHEMA["properties"]["status"])
     validator.validate(status)
     # Structural schemas prune unknown fields: every key written must be declared.

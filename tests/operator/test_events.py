@@ -1,6 +1,9 @@
 """Events: one per phase transition and per worker failure; none when nothing changed."""
 
+from dataclasses import replace
+
 from brain_operator.events import Event, compute_events, pod_exit
+from brain_operator.job_status import JobStatus
 from brain_trainer.contract import PREEMPTED
 
 
@@ -13,7 +16,9 @@ def failed_pod(name, *, exit_code=None, reason=None, pod_reason=None, message=No
     return {"metadata": {"name": name}, "status": status}
 
 
-RUNNING = {"phase": "Running", "conditions": [{"type": "Running", "status": "True", "message": "2/2 workers running"}]}
+RUNNING = JobStatus.read(
+    {"phase": "Running", "conditions": [{"type": "Running", "status": "True", "message": "2/2 workers running"}]}
+)
 
 
 def test_nothing_changed_means_no_event():
@@ -21,10 +26,12 @@ def test_nothing_changed_means_no_event():
 
 
 def test_phase_transition_is_one_event_with_the_condition_message():
-    assert compute_events({"phase": "Pending"}, RUNNING, []) == [
+    assert compute_events(JobStatus(phase="Pending"), RUNNING, []) == [
         Event("Normal", "Running", "phase Pending -> Running: 2/2 workers running")
     ]
-    failed = {"phase": "Failed", "conditions": [{"type": "Failed", "status": "True", "message": "backoffLimit 3 spent"}]}
+    failed = JobStatus.read(
+        {"phase": "Failed", "conditions": [{"type": "Failed", "status": "True", "message": "backoffLimit 3 spent"}]}
+    )
     assert compute_events(RUNNING, failed, [])[0].type == "Warning"
 
 
@@ -34,7 +41,7 @@ def test_each_worker_failure_names_exit_code_and_reason():
         failed_pod("j-worker-1", exit_code=1, reason="Error", message="CUDA error"),
         failed_pod("j-worker-2", pod_reason="Evicted"),
     ]
-    events = compute_events(RUNNING, {**RUNNING, "phase": "Restarting"}, pods)
+    events = compute_events(RUNNING, replace(RUNNING, phase="Restarting"), pods)
     assert [e.message for e in events[:3]] == [
         "worker pod j-worker-0 ended with OOMKilled (exit code 137): out-of-memory: the kubelet killed the container "
         "at its memory limit (OOMKilled); restarted, counted against runPolicy.backoffLimit "

@@ -16,6 +16,7 @@ import kopf
 import kubernetes.config.kube_config
 import pytest
 import yaml
+from counting_cluster import CountingCluster, watched
 from fake_cluster import FakeCluster
 
 from brain_operator import handlers
@@ -117,22 +118,54 @@ def test_progress_is_read_from_whichever_pod_holds_rank_0():
         handlers.reconcile_job(ctx, NS, "demo")
         cluster.set_pod("demo-worker-0", "Running", ready=True)  # no IP yet: skipped
         cluster.set_pod("demo-worker-1", "Running", ready=True, podIP="127.0.0.1")
+        # A pod event's pass asks no worker: only the resync polls.
         handlers.reconcile_job(ctx, NS, "demo")
-        handlers.poll_progress(ctx, NS, "demo")
+        assert asked == [] and cluster.get_job(NS, "demo")["status"]["phase"] == "Running"
+        handlers.reconcile_job(ctx, NS, "demo", poll=True)
         status = cluster.get_job(NS, "demo")["status"]
         assert asked == [f"http://127.0.0.1:{METRICS_PORT}/progress"]
         assert status["progress"]["step"] == 40 and status["progress"]["totalSteps"] == 200
         assert status["lastCheckpoint"] == {"step": 25, "path": "/checkpoints/step-00000025"}
         assert status["phase"] == "Running"
         writes = len(cluster.writes)
-        handlers.poll_progress(ctx, NS, "demo")
+        handlers.reconcile_job(ctx, NS, "demo", poll=True)
         assert len(cluster.writes) == writes  # nothing new, nothing written
     finally:
         server.close()
     # The worker is gone: the last known progress stands.
-    handlers.poll_progress(ctx, NS, "demo")
+    handlers.reconcile_job(ctx, NS, "demo", poll=True)
     assert cluster.get_job(NS, "demo")["status"]["progress"]["step"] == 40
     assert handlers.fetch_json("http://127.0.0.1:1/progress") is None
+
+
+def test_one_pass_with_a_progress_document_writes_status_once():
+    cluster = FakeCluster()
+    counting = CountingCluster(cluster)
+    ctx = context(counting)
+    ctx.observed = watched(cluster)
+    doc = {"step": 40, "total_steps": 200, "last_checkpoint_step": 25}
+    ctx.fetch = lambda url: doc
+    cluster.apply_job(manifest())
+    handlers.reconcile_job(ctx, NS, "demo")
+    for pod in cluster.pods():
+        cluster.set_pod(pod, "Running", ready=True, podIP="10.1.0.7")
+    handlers.reconcile_job(ctx, NS, "demo")
+    assert cluster.get_job(NS, "demo")["status"]["phase"] == "Running"
+    counting.take()
+    # The counts and the progress change in the same pass: one PATCH carries both.
+    cluster.set_pod("demo-worker-1", "Running", ready=False, podIP="10.1.0.8")
+    handlers.reconcile_job(ctx, NS, "demo", poll=True)
+    assert counting.take() == {"GET": 1, "PATCH status": 1}
+    status = cluster.get_job(NS, "demo")["status"]
+    assert status["nodes"] == "1/2" and status["progress"]["step"] == 40 and status["lastCheckpoint"]["step"] == 25
+    # The same document again: the steady state writes nothing.
+    handlers.reconcile_job(ctx, NS, "demo", poll=True)
+    assert counting.take() == {"GET": 1}
+    # An answered checkpoint request: the same one PATCH, and its event once.
+    doc.update(checkpoint_request="r1", checkpoint_request_step=40)
+    handlers.reconcile_job(ctx, NS, "demo", poll=True)
+    handlers.reconcile_job(ctx, NS, "demo", poll=True)
+    assert counting.take() == {"GET": 2, "PATCH status": 1, "CREATE event": 1}
 
 
 def test_an_oversized_progress_answer_is_ignored():

@@ -1,11 +1,12 @@
-"""The Stalled condition: set and cleared by reconcile from the progress timestamps the poll writes (against the
-in-memory cluster), and the limit it uses (pure)."""
+"""The Stalled condition: set and cleared by reconcile from the progress timestamps its resync passes write (against
+the in-memory cluster), and the limit it uses (pure)."""
 
 from datetime import timedelta
 
 from fake_cluster import FakeCluster
 from test_reconcile import NS, T0, manifest, started, step
 
+from brain_operator.reconcile import reconcile
 from brain_operator.stalled import report_limit
 from brain_trainer.config import WatchdogConfig
 from brain_trainer.contract import Progress, format_time
@@ -20,9 +21,10 @@ def job():
 
 
 def report(cluster, step_no, at):
-    """What the progress poll writes when rank 0's document changed: the operator's clock in updatedAt."""
-    cluster.patch_status(NS, "j", {"progress": {"step": step_no, "totalSteps": 200, "etaSeconds": (200 - step_no) * 0.5,
-                                                "updatedAt": format_time(at)}})
+    """A resync pass at `at` that finds rank 0's document changed: the operator's clock goes into updatedAt."""
+    doc = {"step": step_no, "total_steps": 200, "eta_seconds": (200 - step_no) * 0.5}
+    status = reconcile(cluster.get_job(NS, "j"), cluster, at, poll=lambda pods: doc)
+    assert status["progress"]["updatedAt"] == format_time(at)
 
 
 def stalled(status):

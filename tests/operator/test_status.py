@@ -1,9 +1,11 @@
 """status.py: phase, conditions, counts and the sticky rules, from pods or a PyTorchJob (pure)."""
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from brain_operator.job_status import JobStatus, LastCheckpoint, WorkerCounts
 from brain_operator.pods import is_disruption, pod_view
 from brain_operator.status import (
     CONDITION_TYPES,
@@ -40,7 +42,7 @@ def seen(pods, *, desired=2, min_running=2, restarts=0, replaced=0, suspended=Fa
 
 
 def condition(status, kind):
-    return next(c for c in status["conditions"] if c["type"] == kind)
+    return next(c for c in status.conditions if c.type == kind)
 
 
 @pytest.mark.parametrize(
@@ -69,73 +71,74 @@ def test_pod_view_reads_index_readiness_and_termination():
 
 
 def test_phases_follow_the_pods():
-    pending = elastic_status({}, seen([pod(0, "Pending", ready=False)]), T0)
-    assert pending["phase"] == "Pending" and "startTime" not in pending
+    pending = elastic_status(JobStatus(), seen([pod(0, "Pending", ready=False)]), T0)
+    assert pending.phase == "Pending" and pending.start_time is None
     running = elastic_status(pending, seen([pod(0), pod(1, ready=False)]), T1)
-    assert running["phase"] == "Running"
-    assert running["workers"] == {"desired": 2, "ready": 1, "running": 2, "succeeded": 0, "failed": 0}
-    assert running["startTime"] == format_time(T1)
-    assert running["nodes"] == "1/2" and running["selector"] == "brain.ai/job-name=j"
-    assert running["strategy"] == "ddp" and running["effectiveBatchSize"] == 16
+    assert running.phase == "Running"
+    assert running.workers == WorkerCounts(desired=2, ready=1, running=2, succeeded=0, failed=0)
+    assert running.start_time == format_time(T1)
+    assert running.nodes == "1/2" and running.selector == "brain.ai/job-name=j"
+    assert running.strategy == "ddp" and running.effective_batch_size == 16
     # Losing a worker after running is a restart, not "pending".
-    assert elastic_status(running, seen([pod(0)]), T1)["phase"] == "Restarting"
-    assert elastic_status(running, seen([pod(0), pod(1)], replaced=1, restarts=1), T1)["phase"] == "Restarting"
+    assert elastic_status(running, seen([pod(0)]), T1).phase == "Restarting"
+    assert elastic_status(running, seen([pod(0), pod(1)], replaced=1, restarts=1), T1).phase == "Restarting"
     # An elastic job runs once its minimum is there.
-    assert elastic_status(pending, seen([pod(0)], min_running=1), T1)["phase"] == "Running"
+    assert elastic_status(pending, seen([pod(0)], min_running=1), T1).phase == "Running"
 
 
 def test_conditions_keep_their_transition_time_until_they_flip():
-    first = elastic_status({}, seen([pod(0), pod(1)]), T0)
-    assert [c["type"] for c in first["conditions"]] == list(CONDITION_TYPES)
-    assert condition(first, "Running")["status"] == "True" and condition(first, "Valid")["status"] == "True"
+    first = elastic_status(JobStatus(), seen([pod(0), pod(1)]), T0)
+    assert [c.type for c in first.conditions] == list(CONDITION_TYPES)
+    assert condition(first, "Running").status == "True" and condition(first, "Valid").status == "True"
     again = elastic_status(first, seen([pod(0), pod(1)]), T1)
     assert again == first
     restarting = elastic_status(first, seen([pod(0)]), T1)
-    assert condition(restarting, "Running") == {**condition(first, "Running"), "status": "False",
-                                                "reason": "Restarting", "message": "",
-                                                "lastTransitionTime": format_time(T1)}
+    assert condition(restarting, "Running") == replace(condition(first, "Running"), status="False",
+                                                       reason="Restarting", message="",
+                                                       last_transition_time=format_time(T1))
     assert condition(restarting, "Valid") == condition(first, "Valid")
 
 
 def test_success_sets_completion_time_and_is_sticky():
-    running = elastic_status({}, seen([pod(0), pod(1)]), T0)
+    running = elastic_status(JobStatus(), seen([pod(0), pod(1)]), T0)
     done = elastic_status(running, seen([pod(0, "Succeeded"), pod(1, "Succeeded")]), T1)
-    assert done["phase"] == "Succeeded" and done["completionTime"] == format_time(T1)
-    assert done["workers"]["succeeded"] == 2
+    assert done.phase == "Succeeded" and done.completion_time == format_time(T1)
+    assert done.workers.succeeded == 2
     later = elastic_status(done, seen([], failure=Failure("X", "y")), T1 + timedelta(hours=1))
-    assert later["phase"] == "Succeeded" and later["conditions"] == done["conditions"]
-    assert later["completionTime"] == done["completionTime"] and later["workers"]["succeeded"] == 0
+    assert later.phase == "Succeeded" and later.conditions == done.conditions
+    assert later.completion_time == done.completion_time and later.workers.succeeded == 0
     edited = invalid_status(done, 2, "spec.nodes: must be >= 1, got 0", T1)
-    assert edited == {**done, "observedGeneration": 2}
+    assert edited == replace(done, observed_generation=2)
 
 
 def test_failure_is_sticky_and_restarts_never_shrink():
-    failed = elastic_status({"restarts": 3}, seen([pod(0, "Failed")], restarts=3,
-                                                  failure=Failure("BackoffLimitExceeded", "budget spent")), T0)
-    assert failed["phase"] == "Failed" and condition(failed, "Failed")["reason"] == "BackoffLimitExceeded"
-    assert "budget spent" in condition(failed, "Failed")["message"] and failed["completionTime"]
+    failed = elastic_status(JobStatus(restarts=3), seen([pod(0, "Failed")], restarts=3,
+                                                        failure=Failure("BackoffLimitExceeded", "budget spent")), T0)
+    assert failed.phase == "Failed" and condition(failed, "Failed").reason == "BackoffLimitExceeded"
+    assert "budget spent" in condition(failed, "Failed").message and failed.completion_time
     revived = elastic_status(failed, seen([pod(0), pod(1)], restarts=0), T1)
-    assert revived["phase"] == "Failed" and revived["restarts"] == 3
+    assert revived.phase == "Failed" and revived.restarts == 3
 
 
 def test_suspension_resets_the_start_time():
-    running = elastic_status({}, seen([pod(0), pod(1)]), T0)
+    running = elastic_status(JobStatus(), seen([pod(0), pod(1)]), T0)
     suspended = elastic_status(running, seen([], suspended=True), T1)
-    assert suspended["phase"] == "Suspended" and "startTime" not in suspended
-    assert condition(suspended, "Suspended")["status"] == "True"
+    assert suspended.phase == "Suspended" and suspended.start_time is None
+    assert condition(suspended, "Suspended").status == "True"
 
 
-def test_other_writers_fields_survive():
-    previous = {"progress": {"step": 7}, "lastCheckpoint": {"step": 5, "path": "/c/step-00000005"}}
+def test_progress_fields_survive():
+    previous = JobStatus.read({"progress": {"step": 7}, "lastCheckpoint": {"step": 5, "path": "/c/step-00000005"}})
     out = elastic_status(previous, seen([pod(0), pod(1)], generation=4), T0)
-    assert out["progress"] == {"step": 7} and out["lastCheckpoint"]["step"] == 5 and out["observedGeneration"] == 4
+    assert out.progress.step == 7 and out.last_checkpoint == LastCheckpoint(5, "/c/step-00000005")
+    assert out.observed_generation == 4
 
 
 def test_invalid_spec_names_the_field():
-    out = invalid_status({}, 2, "spec.nodes: must be >= 1, got 0", T0)
-    assert out["phase"] == "Failed" and out["observedGeneration"] == 2
+    out = invalid_status(JobStatus(), 2, "spec.nodes: must be >= 1, got 0", T0)
+    assert out.phase == "Failed" and out.observed_generation == 2
     valid = condition(out, "Valid")
-    assert valid["status"] == "False" and valid["reason"] == "InvalidSpec" and "spec.nodes" in valid["message"]
+    assert valid.status == "False" and valid.reason == "InvalidSpec" and "spec.nodes" in valid.message
 
 
 def kf(*conditions, replicas=None, **extra):
@@ -162,28 +165,28 @@ def kf_status(previous, job, now=T1):
     ],
 )
 def test_pytorchjob_conditions_map_onto_phases(conditions, phase):
-    out = kf_status({}, kf(*conditions))
-    assert out["phase"] == phase
-    assert condition(out, phase)["status"] == "True" if phase != "Pending" else out["conditions"]
-    assert out["strategy"] == "fsdp" and out["effectiveBatchSize"] == 48
+    out = kf_status(JobStatus(), kf(*conditions))
+    assert out.phase == phase
+    assert condition(out, phase).status == "True" if phase != "Pending" else out.conditions
+    assert out.strategy == "fsdp" and out.effective_batch_size == 48
 
 
 def test_pytorchjob_status_carries_counts_times_and_restarts():
-    assert kf_status({}, None)["phase"] == "Pending"
+    assert kf_status(JobStatus(), None).phase == "Pending"
     replicas = {"Master": {"active": 1}, "Worker": {"active": 1, "failed": 1}}
-    running = kf_status({}, kf(("Running", "True", "2026-11-22T12:01:00Z"), replicas=replicas,
-                               startTime="2026-11-22T12:00:30Z"))
-    assert running["workers"] == {"desired": 3, "ready": 2, "running": 2, "succeeded": 0, "failed": 1}
-    assert running["nodes"] == "2/3"
-    assert running["startTime"] == "2026-11-22T12:00:30Z"
-    assert condition(running, "Running")["lastTransitionTime"] == "2026-11-22T12:01:00Z"
+    running = kf_status(JobStatus(), kf(("Running", "True", "2026-11-22T12:01:00Z"), replicas=replicas,
+                                        startTime="2026-11-22T12:00:30Z"))
+    assert running.workers == WorkerCounts(desired=3, ready=2, running=2, succeeded=0, failed=1)
+    assert running.nodes == "2/3"
+    assert running.start_time == "2026-11-22T12:00:30Z"
+    assert condition(running, "Running").last_transition_time == "2026-11-22T12:01:00Z"
     restart = kf(("Running", "False", "2026-11-22T12:01:00Z"), ("Restarting", "True", "2026-11-22T12:02:00Z"))
     once = kf_status(running, restart)
-    assert once["restarts"] == 1 and kf_status(once, restart)["restarts"] == 1
+    assert once.restarts == 1 and kf_status(once, restart).restarts == 1
     back = kf_status(once, kf(("Running", "True", "2026-11-22T12:04:00Z")))
     again = kf(("Running", "False", "2026-11-22T12:04:00Z"), ("Restarting", "True", "2026-11-22T12:05:00Z"))
-    assert kf_status(back, again)["restarts"] == 2
+    assert kf_status(back, again).restarts == 2
     done = kf_status(back, kf(("Succeeded", "True", "2026-11-22T12:09:00Z"), completionTime="2026-11-22T12:09:00Z"))
-    assert done["phase"] == "Succeeded" and done["completionTime"] == "2026-11-22T12:09:00Z"
+    assert done.phase == "Succeeded" and done.completion_time == "2026-11-22T12:09:00Z"
     # The PyTorchJob deleted by its own TTL: the finished job stays finished.
-    assert kf_status(done, None)["phase"] == "Succeeded"
+    assert kf_status(done, None).phase == "Succeeded"

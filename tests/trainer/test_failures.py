@@ -191,8 +191,8 @@ def operator_view(message: str) -> tuple[dict, str]:
                 {"name": "trainer", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}
                  if failed else {"running": {}}}]}
     the_plan = plan(job, desired, children, {"phase": "Running", "startTime": "2026-11-24T11:00:00Z"}, NOW)
-    phase = the_plan.status["phase"]
-    condition = next(c for c in the_plan.status["conditions"] if c["type"] == phase)
+    status = the_plan.status.to_dict()
+    condition = next(c for c in status["conditions"] if c["type"] == status["phase"])
     (event,) = [e.message for e in the_plan.events if e.reason == "WorkerFailed"]
     return condition, event
 
