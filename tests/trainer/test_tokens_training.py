@@ -1,9 +1,9 @@
 """data.source tokens in the training loop: prepare -> train on real gloo ranks -> held-out evaluation; exact resumes.
 
 Issue 11, points 2 and 3: the model's vocabulary follows the dataset's
-tokenizer, the held-out loss falls, evaluation gives the same number at any
-world size, and a resume at another world size reads exactly the samples an
-uninterrupted run would.
+tokenizer, the held-out loss falls, evaluation gives its windows' true mean
+token loss (computed apart, in one process) at any world size, and a resume at
+another world size reads exactly the samples an uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from collections import Counter
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from harness import run_ranks
+from torch import nn
 from tokens_corpus import documents, stdlib_globs, stdlib_texts, split_texts, stream
 
 from brain_trainer.checkpoint import store
+from brain_trainer.checkpoint.manager import load_model
 from brain_trainer.checkpoint.sample_log import SAMPLE_LOG_ENV
 from brain_trainer.config import TrainerConfig
 from brain_trainer.contract import PROGRESS_FILE_ENV, Progress
@@ -31,18 +34,19 @@ from brain_trainer.data.tokens.source import follow_vocabulary
 from brain_trainer.data.tokens.tokenizer import load_dataset_tokenizer
 from brain_trainer.loop.evaluation import Evaluator, eval_batches, rank_batches
 from brain_trainer.loop.train import build_and_wrap, train
+from brain_trainer.model.brain_ai import build_model
 from brain_trainer.model.materialize import Initializer, build
 from brain_trainer.schema import ConfigError
 
 PACKAGES = ("json", "email")
-SEED, VAL_FRACTION = 0, 0.2
+SEED, VAL_FRACTION, VOCAB = 0, 0.2, 512
 
 
 @pytest.fixture(scope="module")
 def bpe(tmp_path_factory):
-    """The stdlib's json and email packages, with a 512-id BPE trained on them."""
+    """The stdlib's json and email packages, with a VOCAB-id BPE trained on them."""
     out = tmp_path_factory.mktemp("tokens") / "bpe"
-    assert prepare([*stdlib_globs(*PACKAGES), "--out", str(out), "--train-tokenizer", "--vocab-size", "512",
+    assert prepare([*stdlib_globs(*PACKAGES), "--out", str(out), "--train-tokenizer", "--vocab-size", str(VOCAB),
                     "--val-fraction", str(VAL_FRACTION), "--seed", str(SEED)]) == 0
     return out
 
@@ -76,7 +80,24 @@ def _train(rank, world_size, cfg, env):
     return result.step, result.eval_history, result.history
 
 
+@torch.no_grad()
+def summed_token_loss(model: nn.Module, windows: TokenDataset, count: int) -> tuple[float, int]:
+    """(next-token cross entropy summed in float64, target tokens) over windows 0 .. count-1: one process, one window
+    at a time, without the Evaluator: what a held-out evaluation of those windows must give."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    for i in range(count):
+        x, y = windows[i]
+        total += F.cross_entropy(model(x[None])[0].float(), y, reduction="sum").item()  # a Python float: float64
+        tokens += y.numel()
+    model.train(was_training)
+    return total, tokens
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")  # load_model, here in one process
 def test_prepare_then_two_ranks_train_and_the_held_out_loss_falls(bpe, tmp_path):
+    """Two DDP ranks train on a prepared BPE dataset; the held-out loss falls and is the saved weights' true loss."""
     cfg = job(bpe, tmp_path, training={"eval_interval": 10, "eval_steps": 6})
     progress = tmp_path / "progress.json"
     ranks = run_ranks(_train, 2, cfg, {PROGRESS_FILE_ENV: str(progress)}, timeout=900)
@@ -88,8 +109,15 @@ def test_prepare_then_two_ranks_train_and_the_held_out_loss_falls(bpe, tmp_path)
     assert history[-1][1] < history[0][1]
     doc = Progress.from_json(progress.read_text())
     assert doc.step == 150 and doc.eval_loss == pytest.approx(last)
-    manifest = store.read_manifest(tmp_path / "checkpoints" / store.step_dir_name(150))
-    assert manifest["model"]["vocab_size"] == read_manifest(bpe).tokenizer.vocab_size == 512, "the preset follows the tokenizer"
+    final = tmp_path / "checkpoints" / store.step_dir_name(150)
+    manifest = store.read_manifest(final)
+    assert manifest["model"]["vocab_size"] == read_manifest(bpe).tokenizer.vocab_size == VOCAB, "the preset follows it"
+
+    # The last held-out loss is that of the step-150 weights on the first 6 x 8 validation windows, computed here.
+    model = build_model(follow_vocabulary(cfg, VOCAB).model)
+    load_model(final, model)
+    total, tokens = summed_token_loss(model, TokenDataset(bpe, 64, "validation"), 6 * 8)
+    assert last == pytest.approx(total / tokens, rel=1e-6)
 
 
 def test_the_dataset_tokenizer_decodes_a_sample_back_to_its_source(bpe):
@@ -134,26 +162,86 @@ def test_a_resume_from_two_ranks_into_three_reads_the_uninterrupted_samples(byte
         assert Counter(samples) == Counter(uninterrupted[(step - 1) * GLOBAL : step * GLOBAL]), f"step {step}"
 
 
-def test_evaluation_is_the_same_at_any_world_size(byte_level, tmp_path):
-    """5 micro-batches on 3 FSDP ranks (rank 2 joins its second round's gathers without data) = one process."""
-    cfg = job(byte_level, tmp_path, model={"vocab_size": 257}, distributed={"strategy": "fsdp"},
-              checkpoint={"enabled": False})
-    held_out = TokenDataset(byte_level, 64)
-    model = build(cfg.model, SEED)
-    Initializer(SEED)(model, torch.device("cpu"))
-    single = Evaluator(held_out, 4, 5, 0, 1, torch.device("cpu"), contextlib.nullcontext)(model)
-    assert single.tokens == 5 * 4 * 64 and model.training, "evaluation leaves the model in training mode"
-    results = run_ranks(_evaluate, 3, cfg, timeout=600)
-    for loss, tokens in results:
-        assert tokens == single.tokens and loss == pytest.approx(single.loss, rel=1e-5)
+PENALTY = 32.0  # nats: what RepeatGuesser's wrong guess costs, times (1 + the target's id)
 
 
-def _evaluate(rank, world_size, cfg):
-    _, model, _ = build_and_wrap(cfg, cfg.resolved().distributed, rank, world_size, torch.device("cpu"))
-    result = Evaluator(TokenDataset(cfg.data.path, 64), 4, 5, rank, world_size, torch.device("cpu"),
-                       contextlib.nullcontext)(model)
+class RepeatGuesser(nn.Module):
+    """Certain that each token repeats: logit 0 for the input token, -PENALTY x (1 + b) for every other id b.
+
+    So each next-token loss is an exact integer: 0 where the token repeats, else PENALTY x (1 + target).
+    log-sum-exp is exactly 0 in float32: the other terms, at most VOCAB x e^-32 ~ 7e-12 together, vanish
+    next to the 1 (float32 spacing there: 1.2e-7). A micro-batch's sum is an integer below 256 x 32 x VOCAB
+    = 2**22, exact in float32; sums of such integers are exact in float64 in any order and grouping; the
+    token count is an integer. The evaluation's loss, sum / count, therefore cannot depend on how the
+    micro-batches are dealt to ranks, not even in its last bit: any difference is an arithmetic error.
+    """
+
+    def __init__(self, vocab_size: int = VOCAB):
+        super().__init__()
+        self.penalty = nn.Parameter(torch.empty(vocab_size))  # a parameter: FSDP gathers it in every forward
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.penalty, PENALTY)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        vocab = self.penalty.numel()
+        cost = self.penalty * torch.arange(1, vocab + 1, device=tokens.device)  # PENALTY x (1 + b)
+        return -cost * (1 - F.one_hot(tokens, vocab))  # (B, T, V)
+
+
+def test_evaluation_is_the_mean_token_loss_of_its_windows_at_any_world_size(bpe, tmp_path):
+    """On 1, 2 and 3 FSDP ranks the held-out loss is the validation windows' mean token loss, computed here.
+
+    5 micro-batches of 4 windows: on 2 ranks rank 1, on 3 ranks rank 2, has none in the last round and
+    joins its parameter gathers without data. RepeatGuesser's loss must match to the last bit (a mean of
+    per-rank or per-batch means cannot); BrainAI's (seeded: bitwise the same weights at every world size)
+    to float32 rounding: its per-batch and per-window float32 sums differ by ~2e-8 relative here.
+    """
+    cfgs = {name: job(bpe, tmp_path, model=model, training={"micro_batch_size": 4, "eval_steps": 5},
+                      distributed={"strategy": "fsdp"}, checkpoint={"enabled": False})
+            for name, model in (("guesser", {"entrypoint": f"{__name__}:RepeatGuesser"}),
+                                ("brain_ai", {"vocab_size": VOCAB}))}
+    windows = TokenDataset(bpe, 64, "validation")
+    expected, evaluated = {}, {1: {}}  # (summed loss, tokens); by world size, (loss, tokens)
+    for name, cfg in cfgs.items():
+        model = build(cfg.model, SEED)
+        Initializer(SEED)(model, torch.device("cpu"))
+        result = _evaluator(cfg, 0, 1)(model)
+        assert model.training, "evaluation leaves the model in training mode"
+        evaluated[1][name] = (result.loss, result.tokens)
+        expected[name] = summed_token_loss(model, windows, 5 * 4)
+    counted = sum(PENALTY * float(((1 + y) * (y != x)).sum()) for x, y in (windows[i] for i in range(5 * 4)))
+    assert expected["guesser"] == (counted, 5 * 4 * 64), "RepeatGuesser's token losses are the integers it promises"
+    for world_size in (2, 3):
+        ranks = run_ranks(_evaluate, world_size, cfgs, timeout=600)
+        assert all(r == ranks[0] for r in ranks), "every rank gets the same all-reduced result"
+        evaluated[world_size] = ranks[0]
+
+    def by_world_size(name, value):
+        return {world_size: value(results[name]) for world_size, results in evaluated.items()}
+
+    total, tokens = expected["guesser"]
+    assert by_world_size("guesser", lambda r: r) == {n: (total / tokens, tokens) for n in (1, 2, 3)}, "bit for bit"
+    total, tokens = expected["brain_ai"]
+    assert by_world_size("brain_ai", lambda r: r[1]) == {n: tokens for n in (1, 2, 3)}
+    assert by_world_size("brain_ai", lambda r: r[0]) == pytest.approx({n: total / tokens for n in (1, 2, 3)}, rel=1e-6)
+
+
+def _evaluator(cfg: TrainerConfig, rank: int, world_size: int) -> Evaluator:
+    t = cfg.training
+    return Evaluator(TokenDataset(cfg.data.path, t.seq_len, "validation"), t.micro_batch_size, t.eval_steps, rank,
+                     world_size, torch.device("cpu"), contextlib.nullcontext)
+
+
+def _evaluate(rank, world_size, cfgs):
+    """(loss, tokens) of each config's model, built and sharded as training builds it."""
     assert dist.is_initialized()
-    return result.loss, result.tokens
+    results = {}
+    for name, cfg in cfgs.items():
+        _, model, _ = build_and_wrap(cfg, cfg.resolved().distributed, rank, world_size, torch.device("cpu"))
+        result = _evaluator(cfg, rank, world_size)(model)
+        results[name] = (result.loss, result.tokens)
+    return results
 
 
 def test_evaluation_batches_are_dealt_round_robin():

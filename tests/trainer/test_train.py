@@ -11,14 +11,16 @@ import sysconfig
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from brain_trainer.checkpoint.sample_log import SAMPLE_LOG_ENV
 from brain_trainer.config import DistributedConfig, TrainerConfig
 from brain_trainer.contract import Progress, eta_seconds, format_time
-from brain_trainer.data.loader import RankAwareDataLoader, SyntheticDataset
+from brain_trainer.data.loader import ByteFileDataset, RankAwareDataLoader, SyntheticDataset
 from brain_trainer.loop.train import param_groups, resolve_strategy, train
 from brain_trainer.observe.progress import write_progress
 from brain_trainer.schema import ConfigError
@@ -32,12 +34,33 @@ def stdlib_glob() -> str:
     return str(Path(sysconfig.get_paths()["stdlib"]) / "*.py")
 
 
+def unigram_entropy(tokens: torch.Tensor) -> float:
+    """Entropy (nats) of the byte frequencies in `tokens`: the least mean loss on them of any one distribution."""
+    p = np.bincount(tokens.numpy(), minlength=256) / tokens.numel()
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+def context_free_floor(dataset: ByteFileDataset, sample_log: Path, steps: range) -> float:
+    """The least loss a model blind to context can log over `steps`: the mean of each step's target-byte entropy.
+
+    Such a model gives every position one and the same next-byte distribution q, fixed within a step (its
+    weights are); its loss on a step's targets is their cross entropy with q, never below their entropy.
+    """
+    samples: dict[int, list[int]] = {}
+    for line in sample_log.read_text().splitlines():  # one line per rank and step
+        record = json.loads(line)
+        samples.setdefault(record["step"], []).extend(record["samples"])
+    return float(np.mean([unigram_entropy(torch.cat([dataset[i][1] for i in samples[step]])) for step in steps]))
+
+
 def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
-    steps = 80
+    """torchrun, 2 ranks: the loss falls below what any context-free model reaches; logs, progress, TensorBoard."""
+    steps, seq_len = 160, 32
     config = {
         "model": {"preset": "minimal"},
         "training": {
-            "steps": steps, "micro_batch_size": 4, "seq_len": 32, "learning_rate": 3e-3,
+            "steps": steps, "micro_batch_size": 8, "seq_len": seq_len, "learning_rate": 3e-3,
             "warmup_steps": 10, "log_interval": 5,
         },
         "distributed": {"strategy": "auto"},
@@ -53,13 +76,22 @@ def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
         [str(torchrun), "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
          "-m", "brain_trainer", "--config", str(cfg_path)],
         capture_output=True, text=True, timeout=300,
-        env={**os.environ, "BRAIN_PROGRESS_FILE": str(progress_path), "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "BRAIN_PROGRESS_FILE": str(progress_path), SAMPLE_LOG_ENV: str(tmp_path / "samples.jsonl"),
+             "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     logged = [(int(m[1]), float(m[3])) for m in LOG_LINE.finditer(proc.stdout)]
     assert [s for s, _ in logged] == list(range(5, steps + 1, 5)), "rank 0 alone logs, every log_interval steps"
-    first, last = logged[0][1], logged[-1][1]
-    assert last <= 0.7 * first, f"loss fell only from {first} to {last}"
+    last = logged[-1][1]  # the mean loss of steps 156-160
+    # A model that ignores context can learn at best the byte frequencies: over the corpus that costs their
+    # entropy (3.15 nats, below 0.7 x ln 256 = 3.88), on the bytes scored at steps 156-160 no less than `floor`
+    # (3.05). This run logs 2.45 (2.73 after 80 steps of micro-batches of 4: too near); 0.3 below both leaves it
+    # 0.3 of slack, where its logged loss wanders by ~0.1 from one interval to the next.
+    dataset = ByteFileDataset(stdlib_glob(), seq_len)
+    corpus = unigram_entropy(dataset.tokens)
+    floor = context_free_floor(dataset, tmp_path / "samples.jsonl", range(steps - 4, steps + 1))
+    assert last < min(floor, corpus) - 0.3, (
+        f"loss {last:.3f}; a context-free model: {floor:.3f} here, {corpus:.3f} over the corpus")
     doc = json.loads(progress_path.read_text())
     assert doc["step"] == doc["total_steps"] == steps
     assert doc["loss"] == pytest.approx(last, abs=1e-4) and doc["tokens_per_second"] > 0 and doc["eta_seconds"] == 0
