@@ -41,6 +41,9 @@ class GradientAccumulator:
         self.accumulation_steps = accumulation_steps
         self.scaler = scaler
         self.model = model
+        # Listed once: walking the module tree for them after every step costs more than the rest of the step's
+        # bookkeeping together. The optimizer holds the same tensors, so they stay the model's for the whole run.
+        self._model_parameters = list(model.parameters()) if model is not None else None
         self.max_grad_norm = max_grad_norm
         # Total gradient norm before clipping at the last optimizer step, kept on the device: read at logging steps
         # only, so an accelerator is not made to wait for it after every step.
@@ -101,8 +104,8 @@ class GradientAccumulator:
 
     def _parameters(self, optimizer: Optimizer) -> list[Tensor]:
         source: Iterable[Tensor] = (
-            self.model.parameters()
-            if self.model is not None
+            self._model_parameters
+            if self._model_parameters is not None
             else (p for group in optimizer.param_groups for p in group["params"])
         )
         return [p for p in source if p.grad is not None]

@@ -262,16 +262,17 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     autocast = functools.partial(autocast_context, dist_cfg.mixed_precision_policy, device)
     evaluator = None if run.held_out is None else Evaluator(
         run.held_out, training.micro_batch_size, training.eval_steps, rank, world_size, device, autocast)
+    preset = cfg.model.entrypoint or cfg.model.preset
     reporter.started(state.step, tokens_per_step=global_batch * training.seq_len,
                      flops_per_token=training_flops_per_token(parameters),
                      peak_flops=peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                                            cfg.metrics.peak_flops),
-                     world_size=world_size, info={"version": __version__, "preset": cfg.model.entrypoint or cfg.model.preset,
+                     world_size=world_size, info={"version": __version__, "preset": preset,
                                                   "strategy": dist_cfg.strategy, "world_size": str(world_size)})
     if rank == 0:
         log.info(
             "training %s with %s on %d rank(s), %s: micro-batch %d x %d accumulation x %d ranks = %d sequences/step, from step %d",
-            cfg.model.entrypoint or cfg.model.preset, dist_cfg.strategy, world_size, device.type,
+            preset, dist_cfg.strategy, world_size, device.type,
             training.micro_batch_size, cfg.accumulation_steps(world_size), world_size, global_batch, state.step,
         )
     return Trainer(wrapper=wrapper, model=model, optimizer=optimizer, scheduler=scheduler, accumulator=accumulator,
