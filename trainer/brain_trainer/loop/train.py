@@ -249,11 +249,12 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
                              checkpoint_bytes=checkpoint_bytes(parameters))
     # After finish() or a preemption it is closed already; after an error this does not wait for a save in flight.
     cleanup.callback(ckpt.close, wait=False)
-    if ckpt.restore(state) is not None:
-        follow_config(scheduler, schedule, peak_lr)
+    # Before the restore: a SIGTERM from here on is answered at the first vote, with a checkpoint.
     preemption = Preemption(cfg.checkpoint, rank=rank, group=ckpt.group, request_file=run.checkpoint_request,
                             mtbf_s=_mtbf_seconds(cfg, reporter))
     cleanup.callback(preemption.close)  # SIGTERM gets its meaning back after an error
+    if ckpt.restore(state) is not None:
+        follow_config(scheduler, schedule, peak_lr)
 
     sample_log = SampleLog.from_env(rank)
     loader = RankAwareDataLoader(sample_log.wrap(run.dataset), dist_cfg, micro_batch_size=training.micro_batch_size,
