@@ -27,17 +27,18 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from brain_trainer.config import TrainerConfig
-from brain_trainer.data.loader import ByteFileDataset
-from brain_trainer.loop.train import train
-from brain_trainer.model.brain_ai import build_model
-from brain_trainer.parallel.launcher import free_port
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from harness import run_ranks  # noqa: E402  (N real gloo ranks)
+
+from brain_trainer.config import TrainerConfig  # noqa: E402
+from brain_trainer.data.loader import ByteFileDataset  # noqa: E402
+from brain_trainer.loop.train import train  # noqa: E402
+from brain_trainer.model.brain_ai import build_model  # noqa: E402
 
 WORLD_SIZE = 2
 MICRO_BATCH = 8
@@ -83,11 +84,7 @@ def timed(run: Callable[[], float]) -> tuple[float, float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu, loop
 
 
-def _rank(rank: int, port: int, steps: int, repeats: int, queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+def _rank(rank: int, world_size: int, steps: int, repeats: int) -> dict[str, list[tuple[float, float, float]]]:
     with tempfile.TemporaryDirectory() as tmp:
         variants = {
             "plain DDP loop": lambda i: plain_ddp(job(steps, None), rank),
@@ -102,9 +99,7 @@ def _rank(rank: int, port: int, steps: int, repeats: int, queue) -> None:
             # interleaved, each repeat in a rotated order: drift in machine load hits every variant alike
             for name in names[i % len(names):] + names[: i % len(names)]:
                 results[name].append(timed(lambda: variants[name](i)))
-    dist.destroy_process_group()
-    if rank == 0:
-        queue.put(results)
+    return results
 
 
 def main() -> None:
@@ -112,11 +107,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.start_processes(_rank, args=(port, args.steps, args.repeats, queue), nprocs=WORLD_SIZE, start_method="spawn")
-    results = queue.get()
+    results = run_ranks(_rank, WORLD_SIZE, args.steps, args.repeats, timeout=3600)[0]  # rank 0's timings
     tokens = args.steps * MICRO_BATCH * WORLD_SIZE * SEQ_LEN
     wall = {name: tokens / statistics.median(w for w, _, _ in runs) for name, runs in results.items()}
     cpu = {name: tokens / statistics.median(c for _, c, _ in runs) for name, runs in results.items()}

@@ -10,6 +10,13 @@ environment, one intra-op thread (two ranks on two cores must not fight over
 threads), and a gloo default process group already initialised; the group is
 destroyed afterwards. A rank's exception fails the call with its traceback.
 
+The ranks meet in a TCPStore that the calling process hosts for the call:
+created on port 0, it listens on the port the kernel gives it at bind time and
+holds it until the ranks are gone, so no port is ever chosen first and bound
+later (another test's ranks could take it in between), and each call's ranks
+see only their own store, never another run's keys. MASTER_PORT names that
+store's port; the ranks join it as clients.
+
 Return plain values (numbers, lists, dicts; `tensor.tolist()`), not tensors:
 a tensor travels as shared memory that vanishes when its rank exits.
 """
@@ -26,9 +33,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from brain_trainer.parallel.launcher import free_port
+__all__ = ["run_ranks"]
 
-__all__ = ["free_port", "run_ranks"]
+HOST = "127.0.0.1"
 
 
 def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results) -> None:
@@ -37,12 +44,13 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
+        MASTER_ADDR=HOST,
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        store = dist.TCPStore(HOST, port, is_master=False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
         try:
             results.put((rank, True, fn(rank, world_size, *args)))
         finally:
@@ -59,8 +67,9 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
     results = mp.get_context("spawn").Queue()
+    store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False)
     procs = mp.start_processes(
-        _entry, args=(world_size, free_port(), fn, args, results), nprocs=world_size, join=False, start_method="spawn"
+        _entry, args=(world_size, store.port, fn, args, results), nprocs=world_size, join=False, start_method="spawn"
     )
     collected: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + timeout

@@ -4,10 +4,10 @@ the trainer's rooms import one way only (docs/architecture.md, "The trainer").""
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
 
+import processes
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,9 +42,9 @@ print(len(names), culprit)
 """
 
 
-def run(code: str) -> subprocess.CompletedProcess:
+def run(code: str) -> processes.Finished:
     # The repo root as working directory: where `operator/` could shadow the stdlib.
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return processes.run([sys.executable, "-c", code], cwd=ROOT, timeout=300)
 
 
 def test_no_module_of_brain_operator_imports_torch():

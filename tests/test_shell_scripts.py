@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
+from processes import run
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -49,9 +49,7 @@ def shell_scripts() -> list[Path]:
 def test_shellcheck_reports_nothing_on_every_shell_script():
     scripts = shell_scripts()
     assert E2E in scripts and REPO / ".ci" / "run" in scripts
-    result = subprocess.run(
-        [BIN / "shellcheck", "--severity=style", *scripts], capture_output=True, text=True, check=False
-    )
+    result = run([BIN / "shellcheck", "--severity=style", *scripts], timeout=120)
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
@@ -77,10 +75,7 @@ def test_make_kind_e2e_dry_run_prints_the_plan_and_runs_none_of_it(tmp_path):
     # Only bash on PATH: had the dry run executed any step, kind/docker/kubectl/helm would be missing.
     env = _path_with(tmp_path, "bash")
     make = shutil.which("make")
-    result = subprocess.run(
-        [make, "--no-print-directory", "kind-e2e", "DRY_RUN=1", "TEARDOWN=1"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )
+    result = run([make, "--no-print-directory", "kind-e2e", "DRY_RUN=1", "TEARDOWN=1"], cwd=REPO, env=env, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     positions = [out.find(command) for command in PLAN]
@@ -98,9 +93,7 @@ def test_make_kind_e2e_dry_run_prints_the_plan_and_runs_none_of_it(tmp_path):
 
 
 def test_kind_e2e_without_the_tools_names_each_missing_one_and_stops(tmp_path):
-    result = subprocess.run(
-        ["/bin/bash", E2E], env=_path_with(tmp_path), capture_output=True, text=True, timeout=60, check=False
-    )
+    result = run(["/bin/bash", E2E], env=_path_with(tmp_path), timeout=60)
     assert result.returncode != 0
     for tool in E2E_TOOLS:
         assert f"missing required tool: {tool}\n" in result.stderr
@@ -108,9 +101,7 @@ def test_kind_e2e_without_the_tools_names_each_missing_one_and_stops(tmp_path):
 
 
 def test_kind_e2e_names_only_the_tools_that_are_missing(tmp_path):
-    result = subprocess.run(
-        ["/bin/bash", E2E], env=_path_with(tmp_path, "kubectl"), capture_output=True, text=True, timeout=60, check=False
-    )
+    result = run(["/bin/bash", E2E], env=_path_with(tmp_path, "kubectl"), timeout=60)
     assert result.returncode != 0
     missing = sorted(line.rsplit(" ", 1)[1] for line in result.stderr.splitlines() if line.startswith("missing required tool:"))
     assert missing == ["docker", "helm", "kind"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tomllib
 from importlib import metadata
@@ -12,6 +11,7 @@ import brain_operator
 import brain_trainer
 import yaml
 from brain_trainer import version
+from processes import run
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -38,7 +38,8 @@ def test_a_source_checkout_without_an_installed_distribution_reads_pyproject(tmp
         "try:\n    metadata.version(module.DISTRIBUTION); print('installed')\n"
         "except metadata.PackageNotFoundError:\n    print(module.__version__)\n"
     )
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
+    done = run([sys.executable, "-I", "-S", "-c", code], timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == PYPROJECT["version"]
 
 

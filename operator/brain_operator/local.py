@@ -28,13 +28,14 @@ import sys
 import sysconfig
 import threading
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, TextIO
 
 from brain_trainer.checkpoint.store import Candidate, list_checkpoints
 from brain_trainer.contract import CONFIG_FILE, ERROR, PROGRESS_FILE_ENV, Progress, cause_rank, format_time, parse_termination
-from brain_trainer.parallel.launcher import free_port
+from brain_trainer.parallel.launcher import held_port
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
 from .failure_policy import WorkerFailure, consequence
@@ -52,7 +53,7 @@ from .spec.model import FAIL_JOB, RESTART
 from .stalled import quiet
 from .storage import check_storage, local_shortfall
 
-__all__ = ["free_port", "newest_committed", "planner", "request_checkpoint", "run_job"]
+__all__ = ["newest_committed", "planner", "request_checkpoint", "run_job"]
 
 # How often the runner looks at its processes and the progress document.
 POLL_SECONDS = 0.2
@@ -63,6 +64,8 @@ STOP_GRACE_SECONDS = 60.0
 STALL_SLACK_SECONDS = 1.0
 # Where `braintrain run` keeps persistent volume claims unless told (docs: local_plan).
 CLAIMS_DIR = Path("runs") / "claims"
+# The work directory's folder of the attempts' rendezvous files (local_plan's docstring).
+RENDEZVOUS_DIR = "rendezvous"
 # prctl(2) option: orphaned descendants are re-parented to this process.
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -70,21 +73,25 @@ Lines = "queue.Queue[tuple[str, str]]"
 
 
 def planner(
-    manifest: Mapping[str, Any], *, base_dir: Path, workdir: Optional[Path], claims: Optional[Path] = None
-) -> Callable[[int], LocalPlan]:
-    """Validate the manifest (ConfigError names the field) and return plan(rdzv_port)."""
+    manifest: Mapping[str, Any],
+    *,
+    base_dir: Path,
+    workdir: Optional[Path],
+    metrics_port: int,
+    claims: Optional[Path] = None,
+) -> Callable[[], LocalPlan]:
+    """Validate the manifest (ConfigError names the field) and return plan(): each call the plan of a new
+    attempt, with a rendezvous file of its own (a file named after no earlier attempt, even a crashed runner's)."""
     job = localize(
         parse_job(manifest, require_image=False), base_dir=base_dir, stdlib=Path(sysconfig.get_paths()["stdlib"])
     )
     folder = (workdir or Path("runs") / job.name).resolve()
     claims_folder = (claims or CLAIMS_DIR).resolve()
-    # One metrics port for the whole run: trainer.yaml, which carries it, is written once.
-    metrics_port = free_port()
-    return lambda port: plan_local(
+    return lambda: plan_local(
         job,
         workdir=folder,
         claims=claims_folder,
-        rdzv_port=port,
+        rendezvous=folder / RENDEZVOUS_DIR / uuid.uuid4().hex,
         metrics_port=metrics_port,
         python=sys.executable,
         cpu_count=os.cpu_count() or 1,
@@ -128,6 +135,7 @@ class _Group:
     def __init__(self, plan: LocalPlan, lines: Lines, adopting: bool):
         self.adopting = adopting
         self.marker = f"{PROGRESS_FILE_ENV}={plan.progress_file}".encode()
+        self.rendezvous = plan.rendezvous
         self.scratch = [folder for worker in plan.workers for folder in worker.scratch_dirs]
         for folder in self.scratch:
             # An emptyDir starts empty with every pod.
@@ -173,7 +181,8 @@ class _Group:
                 p.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """SIGKILL whatever is left of every pod, agents and trainers alike, then free the scratch folders."""
+        """SIGKILL whatever is left of every pod, agents and trainers alike, then free the scratch folders and the
+        rendezvous file."""
         for p in self.procs:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
@@ -195,6 +204,7 @@ class _Group:
             reader.join()
         for folder in self.scratch:
             shutil.rmtree(folder, ignore_errors=True)
+        self.rendezvous.unlink(missing_ok=True)
 
 
 def _pump(name: str, proc: subprocess.Popen, lines: Lines) -> None:
@@ -204,7 +214,7 @@ def _pump(name: str, proc: subprocess.Popen, lines: Lines) -> None:
 
 
 class _Runner:
-    def __init__(self, plan_for: Callable[[int], LocalPlan], plan: LocalPlan, display: Display):
+    def __init__(self, plan_for: Callable[[], LocalPlan], plan: LocalPlan, display: Display):
         self.plan_for = plan_for
         self.plan = plan
         self.display = display
@@ -306,8 +316,8 @@ class _Runner:
                 return "Failed", restarts, f"{failure.pod} failed; backoffLimit {plan.backoff_limit} spent"
             restarts += 1
             self.display.note(f"{failure.text()}; {consequence(failure)}: restarting all workers from the newest checkpoint")
-            # A fresh rendezvous port: the old store's port may still be held.
-            plan = self.plan_for(free_port())
+            # A fresh rendezvous: the old file holds the dead group's.
+            plan = self.plan_for()
 
 
 def request_checkpoint(workdir: Path) -> str:
@@ -362,8 +372,15 @@ def run_job(
     stream: TextIO = sys.stdout,
 ) -> int:
     """Run the job's workers locally; the exit code is 0 only when it succeeded."""
-    plan_for = planner(manifest, base_dir=base_dir, workdir=workdir, claims=claims)
-    plan = plan_for(free_port())
+    # One metrics port for the whole run (trainer.yaml, which carries it, is written once), held until the
+    # run ends so that nobody takes it before a rank 0 listens on it, at any attempt.
+    with held_port() as metrics_port:
+        return _run(planner(manifest, base_dir=base_dir, workdir=workdir, metrics_port=metrics_port, claims=claims),
+                    stream)
+
+
+def _run(plan_for: Callable[[], LocalPlan], stream: TextIO) -> int:
+    plan = plan_for()
     check_storage(plan.job)
     if importlib.util.find_spec("torch") is None:
         raise LocalRunError("braintrain run needs torch here: pip install 'brain-train[trainer]'")

@@ -4,10 +4,21 @@ The local runner executes exactly what the cluster would run: the typed
 worker plan the elastic renderer makes its pods from (render/workers.py).
 This module decides how each worker becomes a local `torchrun` agent: its
 argv, its environment with the workers' DNS names pointing at 127.0.0.1 and
-the rendezvous on a free local port, and its volumes as folders under the
-job's work directory, with every in-pod mount path rewritten to the local
-folder (in args and env). trainer.yaml is the operator's own, with the
-derived fields (the checkpoint folder, the metrics port) given local values.
+the c10d rendezvous in a file store of the attempt's own (below), and its
+volumes as folders under the job's work directory, with every in-pod mount
+path rewritten to the local folder (in args and env). trainer.yaml is the
+operator's own, with the derived fields (the checkpoint folder, the metrics
+port) given local values.
+
+The rendezvous: in a cluster pod 0's agent hosts a TCP store on a fixed port
+of its own address. On one machine a port would have to be chosen free and
+bound later by pod 0's agent, and in between anyone could take it, another
+run's agent among them, whose store the other pods would then join (under the
+same rendezvous id when it runs the same job). A file store (`store_type=file`,
+the endpoint its path) has no port to lose: the runner gives every attempt a
+new file in the work directory, which no other run or earlier attempt shares.
+The rendezvous id stays the job's run id, as in a cluster (its uid there, its
+name here): the goodput ledger keeps one account per run id across restarts.
 
 A persistent volume claim is a folder named after it in the claims folder
 (`braintrain run --claims`, default `runs/claims/`), outside the job's work
@@ -38,6 +49,7 @@ from .render.workers import (
     CONFIG_MAP,
     LOCAL_ADDR_ENV,
     OVERLAY,
+    RDZV_CONF_ENV,
     RDZV_ENDPOINT_ENV,
     Worker,
     elastic_workers,
@@ -94,6 +106,7 @@ class LocalPlan:
     files: dict[Path, str]
     dirs: list[Path]
     workers: list[LocalWorker]
+    rendezvous: Path  # the attempt's file store
 
 
 def _below(value: str, mount: str) -> Optional[str]:
@@ -176,15 +189,16 @@ def plan_local(
     *,
     workdir: Path,
     claims: Path,
-    rdzv_port: int,
+    rendezvous: Path,
     metrics_port: int,
     python: str,
     cpu_count: int,
 ) -> LocalPlan:
     """Map the job's workers onto local processes under `workdir` (absolute), its claims under `claims`.
 
-    On one machine the rendezvous and rank 0's metrics endpoint need free
-    ports (`rdzv_port`, `metrics_port`) instead of the cluster's fixed ones.
+    On one machine the rendezvous is the file store `rendezvous` (a new file
+    for each attempt, in `workdir`), and rank 0's metrics endpoint needs a free
+    port (`metrics_port`) instead of the cluster's fixed one.
     """
     workers = elastic_workers(job)
     shared, _ = _folders(workers[0], workdir, claims)
@@ -208,7 +222,8 @@ def plan_local(
         folders = {**shared, **scratch}
         mounts = {v.mount_path: folders[v.name] for v in worker.container.volumes}
         env = {name: _rewrite_host(rewrite_path(value, mounts), hosts) for name, value in worker.container.env}
-        env[RDZV_ENDPOINT_ENV] = f"{LOOPBACK}:{rdzv_port}"
+        env[RDZV_ENDPOINT_ENV] = str(rendezvous)
+        env[RDZV_CONF_ENV] = "store_type=file"
         # The address this agent advertises to the others (the pod IP in a cluster).
         env[LOCAL_ADDR_ENV] = LOOPBACK
         env[PROGRESS_FILE_ENV] = str(progress_file)
@@ -231,8 +246,9 @@ def plan_local(
         backoff_limit=job.spec.run_policy.backoff_limit,
         job=job,
         files={config_folder / CONFIG_FILE: config.to_yaml()},
-        dirs=sorted({*shared.values(), workdir / "termination"}),
+        dirs=sorted({*shared.values(), workdir / "termination", rendezvous.parent}),
         workers=local_workers,
+        rendezvous=rendezvous,
     )
 
 

@@ -15,6 +15,7 @@ from brain_operator.spec import OperatorDefaults, parse_job
 from brain_trainer.contract import METRICS_PATH, METRICS_PORT_NAME
 from brain_trainer.schema import ConfigError
 from chart_render import CHART, REPO, only, render_objects
+from processes import run
 from upstream_crds import crd_schemas, violations
 
 # kubernetes-validate ships schemas for 1.25 ... 1.37: the oldest and newest we support.
@@ -352,7 +353,6 @@ def test_helm_test_probes_the_operators_health_endpoint_through_its_service():
 def test_the_health_probe_command_works_against_a_real_server(tmp_path):
     """The probe's python -c, run here against a server answering 200 and one answering 500."""
     import http.server
-    import subprocess
     import sys
     import threading
 
@@ -373,9 +373,9 @@ def test_the_health_probe_command_works_against_a_real_server(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
     try:
-        assert subprocess.run([sys.executable, flag, code, url], capture_output=True, timeout=60).returncode == 0
+        assert run([sys.executable, flag, code, url], timeout=60).returncode == 0
         Health.status = 500
-        assert subprocess.run([sys.executable, flag, code, url], capture_output=True, timeout=60).returncode == 1
+        assert run([sys.executable, flag, code, url], timeout=60).returncode == 1
     finally:
         server.shutdown()
 

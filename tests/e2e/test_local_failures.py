@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 import yaml
+from processes import run
 
 from brain_trainer import contract
 from brain_trainer.checkpoint import store
@@ -35,8 +35,7 @@ pytestmark = pytest.mark.timeout(400)
 def small_volume(folder: Path, size_mb: int) -> Iterator[dict[str, str]]:
     """`folder` as a filesystem of size_mb; yields the environment the run needs for it."""
     folder.mkdir(parents=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(folder)],
-                             capture_output=True).returncode == 0
+    mounted = run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", folder], timeout=60).returncode == 0
     try:
         yield {} if mounted else {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent / "small_fs"),
@@ -45,7 +44,8 @@ def small_volume(folder: Path, size_mb: int) -> Iterator[dict[str, str]]:
         }
     finally:
         if mounted:
-            subprocess.run(["umount", str(folder)], check=True)
+            done = run(["umount", folder], timeout=60)
+            assert done.returncode == 0, done.stderr
 
 
 def test_a_full_checkpoint_volume_fails_the_run_with_storage_full_and_keeps_the_checkpoints(tmp_path):
@@ -58,8 +58,8 @@ def test_a_full_checkpoint_volume_fails_the_run_with_storage_full_and_keeps_the_
     claims.mkdir()
     claim = claims / CLAIM
     with small_volume(claim, VOLUME_MB) as env:
-        proc = subprocess.run([BRAINTRAIN, "run", path, "--workdir", workdir, "--claims", claims],
-                              capture_output=True, text=True, timeout=360, env={**os.environ, **env})
+        proc = run([BRAINTRAIN, "run", path, "--workdir", workdir, "--claims", claims], timeout=360,
+                   env={**os.environ, **env})
         out = proc.stdout + proc.stderr
         assert proc.returncode == 1, out[-4000:]
         lines = out.splitlines()

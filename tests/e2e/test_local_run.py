@@ -10,17 +10,18 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from processes import Child, alive, start
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from brain_operator.local import request_checkpoint
 from brain_trainer.checkpoint.store import list_checkpoints
+from brain_trainer.contract import TERMINATION_LOG_ENV
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-minimal.yaml"
 BRAINTRAIN = Path(sys.executable).with_name("braintrain")
@@ -49,41 +50,14 @@ def claim_of(workdir: Path) -> Path:
     return workdir.parent / "claims" / CLAIM
 
 
-def start(job: Path, workdir: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [BRAINTRAIN, "run", job, "--workdir", workdir, "--claims", workdir.parent / "claims"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def braintrain_run(job: Path, workdir: Path, timeout: float = 240) -> Child:
+    """The runner, its agents and trainers; use it in a `with` block, which ends whatever is left of them."""
+    return start([BRAINTRAIN, "run", job, "--workdir", workdir, "--claims", workdir.parent / "claims"], timeout=timeout)
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        raise
-    return proc.returncode, out
-
-
-def ended(proc: subprocess.Popen) -> int:
-    """The exit code of a run whose output was read to its end (it is ending); stopped if it overstays."""
-    try:
-        return proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        stop(proc)
-        raise
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """End a run that overstayed as Ctrl-C would (the runner ends its workers), then for good."""
-    proc.terminate()
-    try:
-        proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+def finish(job: Path, workdir: Path) -> tuple[int, str]:
+    with braintrain_run(job, workdir) as run:
+        return run.wait(), run.output
 
 
 def committed_steps(workdir: Path) -> list[int]:
@@ -131,22 +105,13 @@ def process_of(workdir: Path, program: bytes, marker: bytes, what: str) -> int:
 
 def agent_of(pod_index: int, workdir: Path) -> int:
     """The pid of the torchrun agent playing worker pod `pod_index` of the run in `workdir`."""
-    host = f"PET_RDZV_CONF=is_host={1 if pod_index == 0 else 0}".encode()
-    return process_of(workdir, b"torch.distributed.run", host, f"torchrun agent for pod {pod_index}")
+    pod = f"{TERMINATION_LOG_ENV}={workdir / 'termination' / f'local-minimal-worker-{pod_index}'}".encode()
+    return process_of(workdir, b"torch.distributed.run", pod, f"torchrun agent for pod {pod_index}")
 
 
 def trainer_of(rank: int, workdir: Path) -> int:
     """The pid of the trainer process of `rank` in the run in `workdir`."""
     return process_of(workdir, b"brain_trainer", f"RANK={rank}".encode(), f"trainer of rank {rank}")
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` is a process that has not ended (a zombie has ended; a stopped one has not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def same_final_weights(workdir: Path, reference_dir: Path, scratch: Path) -> None:
@@ -164,7 +129,7 @@ def reference(tmp_path_factory):
     """One uninterrupted run of the job."""
     root = tmp_path_factory.mktemp("reference")
     job = write_job(root / "job.yaml")
-    code, out = finish(start(job, root / "run"))
+    code, out = finish(job, root / "run")
     return job, root / "run", code, out
 
 
@@ -188,19 +153,18 @@ def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(r
     job, reference_dir, code, _ = reference
     assert code == 0
     workdir = tmp_path / "run"
-    proc = start(job, workdir)
-    killed, lines = None, []
-    # Every line the runner prints is a moment to look: kill worker pod 1 once a
-    # checkpoint is committed and training goes on.
-    for line in proc.stdout:
-        lines.append(line)
-        if killed is None:
-            steps = committed_steps(workdir)
-            if steps and steps[-1] < STEPS and progress_step(workdir) < STEPS:
-                killed = agent_of(1, workdir)
-                os.kill(killed, signal.SIGKILL)
-    out = "".join(lines)
-    code = ended(proc)
+    killed = None
+    with braintrain_run(job, workdir) as run:
+        # Every line the runner prints is a moment to look: kill worker pod 1 once a
+        # checkpoint is committed and training goes on.
+        for _ in run.lines():
+            if killed is None:
+                steps = committed_steps(workdir)
+                if steps and steps[-1] < STEPS and progress_step(workdir) < STEPS:
+                    killed = agent_of(1, workdir)
+                    os.kill(killed, signal.SIGKILL)
+        code = run.wait()
+    out = run.output
     assert code == 0, out
     assert killed is not None, "the run ended before a worker could be killed"
     fields = summary(out)
@@ -218,27 +182,24 @@ def test_a_frozen_trainer_is_noticed_by_its_peer_and_the_group_resumes_with_the_
     job, reference_dir, code, _ = reference
     assert code == 0
     workdir = tmp_path / "run"
-    proc = start(job, workdir)
     frozen = committed_at_freeze = None
-    resumed, lines = [], []
-    # Freeze rank 1 (worker pod 1) once a checkpoint is committed and training goes on: rank 0
-    # waits for it in a collective until its watchdog ends it; torchrun restarts the group.
-    for line in proc.stdout:
-        lines.append(line)
-        if frozen is None:
-            steps = committed_steps(workdir)
-            if steps and steps[-1] < STEPS and progress_step(workdir) < STEPS:
-                frozen, committed_at_freeze = trainer_of(1, workdir), steps[-1]
-                os.kill(frozen, signal.SIGSTOP)
-        elif "resumed from" in line:
-            # The new group formed only once worker pod 1's agent had ended the frozen trainer.
-            resumed.append((line, alive(frozen)))
-    out = "".join(lines)
-    try:
-        code = ended(proc)
-    finally:
-        if frozen is not None and alive(frozen):
-            os.kill(frozen, signal.SIGKILL)
+    resumed = []
+    with braintrain_run(job, workdir, timeout=540) as run:
+        # Freeze rank 1 (worker pod 1) once a checkpoint is committed and training goes on: rank 0
+        # waits for it in a collective until its watchdog ends it; torchrun restarts the group.
+        for line in run.lines():
+            if frozen is None:
+                steps = committed_steps(workdir)
+                if steps and steps[-1] < STEPS and progress_step(workdir) < STEPS:
+                    frozen, committed_at_freeze = trainer_of(1, workdir), steps[-1]
+                    os.kill(frozen, signal.SIGSTOP)
+            elif "resumed from" in line:
+                # The new group formed only once worker pod 1's agent had ended the frozen trainer.
+                resumed.append((line, alive(frozen)))
+        code = run.wait()
+        # Ended by the run itself, before the block's end kills whatever is left.
+        frozen_left = frozen is not None and alive(frozen)
+    out = run.output
     assert code == 0, out
     assert frozen is not None, "the run ended before a trainer could be frozen"
     assert summary(out)["status"] == "Succeeded"
@@ -259,7 +220,7 @@ def test_a_frozen_trainer_is_noticed_by_its_peer_and_the_group_resumes_with_the_
     assert len(resumed) == 1 and not resumed[0][1], resumed
     step = int(resumed[0][0].split("/step-")[1][:8])
     assert committed_at_freeze <= step < STEPS
-    assert not alive(frozen)
+    assert not frozen_left
     same_final_weights(workdir, reference_dir, tmp_path / "weights")
 
 
@@ -267,14 +228,14 @@ def test_a_finished_job_is_complete_and_a_new_run_on_the_same_claim_continues(re
     job, workdir, code, _ = reference
     assert code == 0
     before = committed_steps(workdir)
-    code, out = finish(start(job, workdir))
+    code, out = finish(job, workdir)
     assert code == 0
     assert f"local-minimal is already complete: {claim_of(workdir) / f'step-{STEPS:08d}'} holds step {STEPS}" in out
     assert "[local-minimal-worker" not in out and committed_steps(workdir) == before
 
     # A new work directory (a recreated job), the same claim: it resumes from the claim's checkpoint.
     more, elsewhere = STEPS + 5, workdir.parent / "recreated"
-    code, out = finish(start(write_job(job, steps=more), elsewhere))
+    code, out = finish(write_job(job, steps=more), elsewhere)
     assert code == 0, out
     assert f"resuming local-minimal from {claim_of(elsewhere) / f'step-{STEPS:08d}'} (step {STEPS} of {more})" in out
     assert claim_of(elsewhere) == claim_of(workdir) and not (elsewhere / "checkpoints").exists()
@@ -286,16 +247,15 @@ def test_a_checkpoint_on_demand_is_committed_within_two_steps(tmp_path):
     # checkpoint before the last step is the one asked for, and the test sees the step it asked at.
     job = write_job(tmp_path / "job.yaml", log_interval=1, intervalSteps=0, preemptionVoteSeconds=0)
     workdir = tmp_path / "run"
-    proc = start(job, workdir)
     asked_at = request = None
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if request is None and 3 <= progress_step(workdir) <= STEPS - 5:
-            # What `braintrain checkpoint WORKDIR` does, without a second Python's start-up between the look and the ask.
-            asked_at, request = progress_step(workdir), request_checkpoint(workdir)
-    out = "".join(lines)
-    code = ended(proc)
+    with braintrain_run(job, workdir) as run:
+        for _ in run.lines():
+            if request is None and 3 <= progress_step(workdir) <= STEPS - 5:
+                # What `braintrain checkpoint WORKDIR` does, without a second Python's start-up between the look and
+                # the ask.
+                asked_at, request = progress_step(workdir), request_checkpoint(workdir)
+        code = run.wait()
+    out = run.output
     assert code == 0, out
     assert request is not None, "the run ended before a checkpoint could be asked for"
     *on_demand, last = committed_steps(workdir)
@@ -311,18 +271,17 @@ def test_a_killed_trainer_on_worker_1_is_one_restart_and_goodput_shows_the_recom
     # logged a step past the newest committed one, so the steps since that commit are lost.
     job = write_job(tmp_path / "job.yaml", log_interval=1)
     workdir = tmp_path / "run"
-    proc = start(job, workdir)
-    killed, lines = None, []
-    for line in proc.stdout:
-        lines.append(line)
-        logged = LOGGED_STEP.search(line)
-        step = int(logged[1]) if logged else 0
-        committed = committed_steps(workdir)
-        if killed is None and committed and committed[-1] < step < STEPS - 2 and step % 5 in (1, 2, 3):
-            killed = trainer_of(1, workdir)  # rank 1: worker pod 1's trainer; its torchrun agent restarts the group
-            os.kill(killed, signal.SIGKILL)
-    out = "".join(lines)
-    code = ended(proc)
+    killed = None
+    with braintrain_run(job, workdir) as run:
+        for line in run.lines():
+            logged = LOGGED_STEP.search(line)
+            step = int(logged[1]) if logged else 0
+            committed = committed_steps(workdir)
+            if killed is None and committed and committed[-1] < step < STEPS - 2 and step % 5 in (1, 2, 3):
+                killed = trainer_of(1, workdir)  # rank 1: worker pod 1's trainer; its torchrun agent restarts the group
+                os.kill(killed, signal.SIGKILL)
+        code = run.wait()
+    out = run.output
     assert code == 0, out
     assert killed is not None, "the run ended before a trainer could be killed"
     goodput = json.loads((workdir / "progress.json").read_text())["goodput"]

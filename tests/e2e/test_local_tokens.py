@@ -3,13 +3,13 @@ on the job's data claim, read from the local claims folder, with held-out evalua
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 import yaml
+from processes import run
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-tokens.yaml"
 BRAINTRAIN = Path(sys.executable).with_name("braintrain")
@@ -23,22 +23,21 @@ def test_the_demo_job_trains_on_its_data_claim_and_evaluates(tmp_path):
     claim = job["spec"]["data"]["volume"]["claimName"]
     folder = job["spec"]["data"]["path"].removeprefix(job["spec"]["data"]["volume"]["mountPath"] + "/")
     claims = tmp_path / "claims"
-    prepared = subprocess.run(
+    prepared = run(
         [BRAINTRAIN, "prepare", str(STDLIB / "json" / "*.py"), str(STDLIB / "email" / "*.py"), "--train-tokenizer",
          "--vocab-size", "512", "--val-fraction", "0.2", "--out", claims / claim / folder],
-        capture_output=True, text=True, timeout=120,
+        timeout=120,
     )
     assert prepared.returncode == 0, prepared.stderr
     job["spec"]["training"].update(steps=40, logInterval=10, evalInterval=20, evalSteps=4)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))
 
-    run = subprocess.run([BRAINTRAIN, "run", path, "--workdir", tmp_path / "run", "--claims", claims],
-                         capture_output=True, text=True, timeout=360)
-    assert run.returncode == 0, run.stdout[-4000:]
-    evals = [line for line in run.stdout.splitlines() if "brain_trainer.observe.reporter INFO eval step " in line]
+    done = run([BRAINTRAIN, "run", path, "--workdir", tmp_path / "run", "--claims", claims], timeout=360)
+    assert done.returncode == 0, done.stdout[-4000:]
+    evals = [line for line in done.stdout.splitlines() if "brain_trainer.observe.reporter INFO eval step " in line]
     assert len(evals) == 2 and "eval step 40/40 loss" in evals[-1] and "perplexity" in evals[-1]
-    assert "status:      Succeeded" in run.stdout
-    summary = next(line for line in run.stdout.splitlines() if line.startswith("eval loss:"))
+    assert "status:      Succeeded" in done.stdout
+    summary = next(line for line in done.stdout.splitlines() if line.startswith("eval loss:"))
     last, first = float(summary.split()[2]), float(summary.split("first: ")[1].rstrip(")"))
     assert last < first, summary

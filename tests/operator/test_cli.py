@@ -1,7 +1,6 @@
 """`braintrain`: render == what reconcile creates, validate/run on bad input, estimate, help and version."""
 
 import re
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from fake_cluster import FakeCluster
+from processes import run
 
 from brain_operator import __version__
 from brain_operator.cli import main
@@ -204,7 +204,7 @@ def test_help_everywhere_and_version(capsys):
 
 def test_the_console_script_reports_errors_without_a_traceback(tmp_path):
     braintrain = Path(sys.executable).with_name("braintrain")
-    result = subprocess.run([braintrain, "validate", "--local", bad_manifest(tmp_path)], capture_output=True, text=True, timeout=60)
+    result = run([braintrain, "validate", "--local", bad_manifest(tmp_path)], timeout=60)
     assert result.returncode == 1
     assert len(result.stderr.splitlines()) == len(EXPECTED_ERRORS) and "Traceback" not in result.stderr
 

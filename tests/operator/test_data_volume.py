@@ -118,14 +118,14 @@ def test_bad_data_volumes_name_the_field():
 def test_braintrain_run_reads_the_data_claim_from_its_local_folder(tmp_path):
     job = parse_job(manifest(), require_image=False)
     claims = tmp_path / "claims"
-    plan = plan_local(job, workdir=tmp_path / "work", claims=claims, rdzv_port=1, metrics_port=2, python="python",
-                      cpu_count=2)
+    plan = plan_local(job, workdir=tmp_path / "work", claims=claims, rendezvous=tmp_path / "work" / "rendezvous" / "r",
+                      metrics_port=2, python="python", cpu_count=2)
     config = yaml.safe_load(plan.files[tmp_path / "work" / "config" / "trainer.yaml"])
     assert config["data"]["path"] == str(claims / "stdlib-tokens" / "stdlib")
     assert claims / "stdlib-tokens" in plan.dirs
     overlay = parse_job(manifest({"source": "tokens", "path": "/corpus/ds", "volume": {"volume": "corpus", "mountPath": "/corpus"}},
                                  podTemplate={"spec": {"volumes": [NFS]}}), require_image=False)
-    plan = plan_local(overlay, workdir=tmp_path / "work", claims=claims, rdzv_port=1, metrics_port=2, python="python",
-                      cpu_count=2)
+    plan = plan_local(overlay, workdir=tmp_path / "work", claims=claims,
+                      rendezvous=tmp_path / "work" / "rendezvous" / "r", metrics_port=2, python="python", cpu_count=2)
     config = yaml.safe_load(plan.files[tmp_path / "work" / "config" / "trainer.yaml"])
     assert config["data"]["path"] == str(tmp_path / "work" / "volumes" / "corpus" / "ds")

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from brain_operator.local import planner
 from brain_operator.local_plan import (
     localize,
     plan_local,
@@ -19,6 +20,7 @@ CLAIMS = Path("/work/runs/claims")
 # The example's volumeClaimTemplate makes the claim <job>-checkpoints.
 CLAIM = CLAIMS / "local-minimal-checkpoints"
 PYTHON = "/venv/bin/python"
+RENDEZVOUS = WORKDIR / "rendezvous" / "attempt"
 
 
 def manifest(**spec_changes):
@@ -29,7 +31,8 @@ def manifest(**spec_changes):
 
 def plan(**spec_changes):
     job = parse_job(manifest(**spec_changes), require_image=False)
-    return plan_local(job, workdir=WORKDIR, claims=CLAIMS, rdzv_port=41234, metrics_port=41235, python=PYTHON, cpu_count=8)
+    return plan_local(job, workdir=WORKDIR, claims=CLAIMS, rendezvous=RENDEZVOUS, metrics_port=41235, python=PYTHON,
+                      cpu_count=8)
 
 
 def local_trainer_yaml(p):
@@ -45,22 +48,33 @@ def test_each_worker_pod_becomes_a_torchrun_agent_with_the_pods_args():
         ]
 
 
-def test_rendezvous_on_loopback_with_pod_0_hosting_the_store():
+def test_the_rendezvous_is_the_attempts_file_store_under_the_jobs_run_id():
     p = plan()
     env0, env1 = (w.env for w in p.workers)
-    assert env0["PET_RDZV_ENDPOINT"] == env1["PET_RDZV_ENDPOINT"] == "127.0.0.1:41234"
-    assert (env0["PET_RDZV_CONF"], env1["PET_RDZV_CONF"]) == ("is_host=1", "is_host=0")
+    # No port that another run could take between its choice and pod 0's bind, and a store no other run shares.
+    assert env0["PET_RDZV_ENDPOINT"] == env1["PET_RDZV_ENDPOINT"] == str(RENDEZVOUS) == str(p.rendezvous)
+    assert env0["PET_RDZV_CONF"] == env1["PET_RDZV_CONF"] == "store_type=file"
+    # The job's run id, as in a cluster (its uid there): the goodput ledger's account across the run's restarts.
+    assert env0["PET_RDZV_ID"] == env1["PET_RDZV_ID"] == "local-minimal"
     assert env0["PET_LOCAL_ADDR"] == "127.0.0.1"
     assert env0["PET_NNODES"] == "2:2" and env0["PET_NPROC_PER_NODE"] == "1"
     # The cores are split between the two processes.
     assert env0["OMP_NUM_THREADS"] == env1["OMP_NUM_THREADS"] == "4"
 
 
+def test_each_attempt_gets_a_rendezvous_file_of_its_own(tmp_path):
+    plan_for = planner(manifest(), base_dir=EXAMPLE.parent, workdir=tmp_path / "run", metrics_port=41235)
+    first, second = plan_for(), plan_for()
+    assert first.rendezvous.parent == second.rendezvous.parent == tmp_path / "run" / "rendezvous"
+    assert first.rendezvous != second.rendezvous  # a restarted group never reads the dead group's rendezvous
+
+
 def test_the_pod_env_is_carried_over_except_what_must_change_locally():
     job = parse_job(manifest(), require_image=False)
     pods = [o for o in render_elastic(job) if o["kind"] == "Pod"]
     p = plan()
-    local_only = {"PET_RDZV_ENDPOINT", "PET_LOCAL_ADDR", "BRAIN_PROGRESS_FILE", "BRAIN_TERMINATION_LOG", "OMP_NUM_THREADS"}
+    local_only = {"PET_RDZV_ENDPOINT", "PET_RDZV_CONF", "PET_LOCAL_ADDR", "BRAIN_PROGRESS_FILE", "BRAIN_TERMINATION_LOG",
+                  "OMP_NUM_THREADS"}
     for pod, worker in zip(pods, p.workers):
         pod_env = {v["name"]: v["value"] for v in pod["spec"]["containers"][0]["env"]}
         assert {k: v for k, v in worker.env.items() if k not in local_only} == {
@@ -83,7 +97,7 @@ def test_no_in_pod_path_or_cluster_dns_name_survives():
 def test_volumes_become_folders_under_the_workdir_and_claims_under_the_claims_folder():
     p = plan()
     assert p.checkpoint_dir == CLAIM
-    assert p.dirs == [CLAIM, WORKDIR / "config", WORKDIR / "termination"]
+    assert p.dirs == [CLAIM, WORKDIR / "config", WORKDIR / "rendezvous", WORKDIR / "termination"]
     assert p.workers[1].scratch_dirs == [WORKDIR / "tmp" / "local-minimal-worker-1" / "dshm"]
     assert p.progress_file == WORKDIR / "progress.json"
     assert all(w.env["BRAIN_PROGRESS_FILE"] == str(p.progress_file) for w in p.workers)

@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import re
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import kopf
 import pytest
 from fake_cluster import FakeCluster
+from processes import run
 
 from brain_operator import __version__, handlers, logs
 from brain_operator.spec import API_VERSION, KIND, OperatorDefaults
@@ -110,10 +110,10 @@ def test_an_unknown_format_is_refused():
 def test_the_operator_command_configures_logging_before_it_needs_a_cluster(tmp_path):
     # No credentials anywhere: the operator logs its start in the asked format, then fails in one line.
     env = {"KUBECONFIG": str(tmp_path / "absent"), "HOME": str(tmp_path), "PATH": ""}
-    done = subprocess.run(
+    done = run(
         [Path(sys.executable).with_name("braintrain"), "operator", "--namespace", NS, "--namespace", "team-b",
          "--log-format", "json", "--verbose"],
-        capture_output=True, text=True, env=env, timeout=120,
+        env=env, timeout=120,
     )
     first, last = done.stderr.strip().splitlines()[0], done.stderr.strip().splitlines()[-1]
     assert done.returncode == 1 and "Traceback" not in done.stderr

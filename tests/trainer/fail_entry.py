@@ -6,7 +6,6 @@ FAIL_AT-th forward pass, fails as FAIL_MODE says:
 import importlib
 import os
 import signal
-import sys
 
 from brain_trainer import __main__ as trainer_main
 
@@ -28,4 +27,4 @@ def loss_fn(logits, targets):
 
 
 train.loss_fn = loss_fn
-sys.exit(trainer_main.main())
+trainer_main.exit_now(trainer_main.main())

@@ -3,7 +3,6 @@ attempt rank 0 stops right before committing checkpoint HOLD_COMMIT_STEP (every 
 DCP's .metadata written), prints its pid, and waits there to be killed."""
 
 import os
-import sys
 import threading
 
 from brain_trainer import __main__ as trainer_main
@@ -21,4 +20,4 @@ def commit(folder, final, fields):
 
 
 store.commit = commit
-sys.exit(trainer_main.main())
+trainer_main.exit_now(trainer_main.main())

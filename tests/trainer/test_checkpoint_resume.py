@@ -15,23 +15,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 import yaml
-from harness import free_port
+from processes import Finished, run, start, torchrun
 from safetensors.torch import load_file
 
 from brain_trainer import contract
 from brain_trainer.checkpoint import store
 from brain_trainer.data.loader import RankAwareSampler, SyntheticDataset
 from brain_trainer.model.export import export
+from brain_trainer.parallel.launcher import held_port
 
 HERE = Path(__file__).parent
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 MICRO, SEQ, SAMPLES, SEED = 2, 16, 4096, 0
 
 
@@ -57,10 +55,6 @@ def env(sample_log: Path, **extra: str) -> dict[str, str]:
 # torchrun shares its rendezvous TCPStore with the workers by default, and a restarted group can
 # then read the dead group's gloo addresses (pytorch/pytorch#135712): restarts need it off.
 NO_SHARED_STORE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
-def torchrun(*args: str) -> list[str]:
-    return [TORCHRUN, "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]
 
 
 def steps_taken(sample_log: Path) -> dict[int, list[int]]:
@@ -89,40 +83,31 @@ def final_model(root: Path, tmp: Path) -> dict[str, torch.Tensor]:
     return load_file(out / "model.safetensors")
 
 
-def run(cmd: list[str], log: Path, **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=HERE, **kw)
+def logged_run(cmd: list[str], log: Path, **kw) -> Finished:
+    proc = run(cmd, timeout=240, cwd=HERE, **kw)
     log.write_text(proc.stdout + proc.stderr)
     return proc
 
 
 def test_sigkill_after_a_checkpoint_and_before_a_commit_resumes_exactly(tmp_path):
     reference_log, killed_log = tmp_path / "reference.jsonl", tmp_path / "killed.jsonl"
-    proc = run(torchrun("-m", "brain_trainer", "--config", str(write_config(tmp_path, "reference", 12, "ddp"))),
-               tmp_path / "reference.out", env=env(reference_log, **NO_SHARED_STORE))
+    proc = logged_run(torchrun("-m", "brain_trainer", "--config", write_config(tmp_path, "reference", 12, "ddp")),
+                      tmp_path / "reference.out", env=env(reference_log, **NO_SHARED_STORE))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     killed = write_config(tmp_path, "killed", 12, "ddp")
-    job = subprocess.Popen(
-        torchrun("--max-restarts", "1", str(HERE / "hold_commit.py"), "--config", str(killed)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
-        env=env(killed_log, HOLD_COMMIT_STEP="8", **NO_SHARED_STORE),
-    )
-    output = []
-    try:
-        for line in job.stdout:
-            output.append(line)
+    with start(torchrun("--max-restarts", "1", HERE / "hold_commit.py", "--config", killed), timeout=240, cwd=HERE,
+               env=env(killed_log, HOLD_COMMIT_STEP="8", **NO_SHARED_STORE)) as job:
+        for line in job.lines():
             if line.startswith("holding commit of step 8 in pid "):
                 pending = tmp_path / "killed" / (store.step_dir_name(8) + store.TMP_SUFFIX)
                 assert (pending / ".metadata").is_file() and not (pending / store.MANIFEST).exists()
                 assert store.latest_checkpoint(tmp_path / "killed") == tmp_path / "killed" / store.step_dir_name(4)
                 os.kill(int(line.split()[-1]), signal.SIGKILL)
-        code = job.wait(timeout=240)
-        (tmp_path / "killed.out").write_text("".join(output))
-        assert code == 0, "".join(output)[-4000:]
-    finally:
-        if job.poll() is None:
-            job.kill()
-    text = "".join(output)
+        code = job.wait()
+    text = job.output
+    (tmp_path / "killed.out").write_text(text)
+    assert code == 0, text[-4000:]
     assert "removing uncommitted checkpoint" in text and store.step_dir_name(8) + store.TMP_SUFFIX in text
     assert f"resumed from {tmp_path / 'killed' / store.step_dir_name(4)}: step 4" in text
     assert "torchrun restart count 1" in text
@@ -139,27 +124,23 @@ def test_sigkill_after_a_checkpoint_and_before_a_commit_resumes_exactly(tmp_path
 def test_sigterm_commits_exits_preempted_and_resumes_at_one_rank(tmp_path):
     steps, sample_log = 24, tmp_path / "samples.jsonl"
     cfg = write_config(tmp_path, "ckpt", steps, "fsdp")
-    root, port = tmp_path / "ckpt", str(free_port())
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "brain_trainer", "--config", str(cfg)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=HERE,
-            env=env(sample_log, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=port, BRAIN_TERMINATION_LOG=str(tmp_path / f"term{r}")),
-        )
-        for r in range(2)
-    ]
-    try:
-        while not (root / store.step_dir_name(4)).is_dir():  # committed: the folder has its final name
-            assert all(w.poll() is None for w in workers), "a worker ended before the first checkpoint"
-            time.sleep(0.05)
-        workers[1].send_signal(signal.SIGTERM)
-        codes = [w.wait(timeout=120) for w in workers]
-        outputs = [w.stdout.read() for w in workers]
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
+    root = tmp_path / "ckpt"
+
+    def worker(rank: int, port: int):
+        return start([sys.executable, "-m", "brain_trainer", "--config", cfg], timeout=240, cwd=HERE,
+                     env=env(sample_log, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                             BRAIN_TERMINATION_LOG=str(tmp_path / f"term{rank}")))
+
+    # Held until rank 0's store listens on it: nobody takes it in between.
+    with held_port() as port, worker(0, port) as rank0, worker(1, port) as rank1:
+        workers = [rank0, rank1]
+        committed = f"checkpoint {root / store.step_dir_name(4)} committed"
+        assert any(committed in line for line in rank0.lines()), "no first checkpoint:\n" + rank0.output[-3000:]
+        assert rank1.poll() is None, "rank 1 ended before the first checkpoint"
+        rank1.send_signal(signal.SIGTERM)
+        codes = [w.wait() for w in workers]
+    outputs = [w.output for w in workers]
     assert codes == [contract.PREEMPTED] * 2, outputs[0][-3000:]
     latest = store.latest_checkpoint(root)
     stopped = store.read_manifest(latest)["step"]
@@ -170,8 +151,8 @@ def test_sigterm_commits_exits_preempted_and_resumes_at_one_rank(tmp_path):
     assert f"SIGTERM: saving step {stopped} before exiting with code {contract.PREEMPTED}" in outputs[0]
     assert sorted(steps_taken(sample_log)) == list(range(1, stopped + 1))
 
-    proc = run([sys.executable, "-m", "brain_trainer", "--config", str(cfg)], tmp_path / "resumed.out",
-               env=env(sample_log))
+    proc = logged_run([sys.executable, "-m", "brain_trainer", "--config", str(cfg)], tmp_path / "resumed.out",
+                      env=env(sample_log))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"step {stopped}, global sample index {stopped * 2 * MICRO}, saved at world size 2, now 1" in proc.stdout
     taken = steps_taken(sample_log)

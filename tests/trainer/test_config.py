@@ -1,11 +1,11 @@
 """The typed configuration mechanism and the trainer's config tree (torch-free)."""
 
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import pytest
+from processes import run
 
 from brain_trainer.config import DistributedConfig, TrainerConfig, load_config
 from brain_trainer.schema import ConfigError, from_dict, openapi_schema, setting, to_dict
@@ -135,7 +135,8 @@ def test_config_modules_do_not_import_torch():
                   "observe.metrics", "observe.progress", "loop.schedule", "checkpoint", "checkpoint.store")
     imports = ", ".join(f"brain_trainer.{name}" for name in torch_free)
     code = f"import sys, brain_trainer, {imports}; assert 'torch' not in sys.modules, sorted(sys.modules)"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    done = run([sys.executable, "-c", code], timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_sequence_longer_than_the_preset_accepts_is_a_config_error():
@@ -151,4 +152,5 @@ def test_package_root_exports_the_contract_lazily():
         "from brain_trainer import train, DDPWrapper, RankAwareDataLoader; "
         "assert callable(b.train) and not isinstance(b.train, type(sys)), b.train"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    done = run([sys.executable, "-c", code], timeout=120)
+    assert done.returncode == 0, done.stderr

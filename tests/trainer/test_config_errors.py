@@ -1,9 +1,9 @@
 """`python -m brain_trainer` on bad trainer.yaml files: one clear line per bad field, exit 2 (a missing dataset: 65), no traceback."""
 
-import subprocess
 import sys
 
 import pytest
+from processes import run
 
 from brain_trainer import contract
 
@@ -41,10 +41,7 @@ CASES = [
 
 
 def run_trainer(config_path):
-    return subprocess.run(
-        [sys.executable, "-m", "brain_trainer", "--config", str(config_path)],
-        capture_output=True, text=True, timeout=120,
-    )
+    return run([sys.executable, "-m", "brain_trainer", "--config", str(config_path)], timeout=120)
 
 
 def assert_clean_failure(proc, fields, words, code=contract.CONFIG_ERROR):

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 import yaml
 from harness import run_ranks
+from processes import run
 from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -183,8 +183,7 @@ def test_the_trainer_refuses_a_bad_init_from_before_training(tmp_path):
     path = tmp_path / "trainer.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "brain_trainer", "--config", str(path)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    done = run([sys.executable, "-m", "brain_trainer", "--config", str(path)], timeout=300, env=env)
     assert done.returncode == CONFIG_ERROR, done.stdout + done.stderr
     assert done.stderr.strip() == f"error: model.init_from: {tmp_path / 'missing'}: does not exist " \
                                   "(the pods must see it: the checkpoint volume or a data volume)"
@@ -215,10 +214,10 @@ def test_export_streams_one_shard_and_one_tensor_at_a_time(tmp_path):
     save_model(tmp_path / "small", nn.Linear(4, 4))
     del big
     tensor_bytes, shard_bytes = rows * rows * 4, 2 * rows * rows * 4
-    done = subprocess.run(
+    done = run(
         [sys.executable, "-c", EXPORT_PEAK, str(tmp_path / "small"), str(tmp_path / "small-out"), str(tmp_path / "big"),
          str(tmp_path / "big-out"), "--max-shard-size", str(shard_bytes)],
-        capture_output=True, text=True, timeout=300,
+        timeout=300,
         # glibc returns every buffer over 1 MiB to the system when it is freed: the peak is what was live at once
         env={**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 20)},
     )

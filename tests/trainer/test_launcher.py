@@ -2,15 +2,16 @@
 
 import os
 import socket
-import subprocess
 import sys
 from argparse import Namespace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
+from processes import start
 
 from brain_trainer import ConfigError, DistributedConfig, DistributedLauncher
-from brain_trainer.parallel.launcher import detect_environment, expand_nodelist, free_port, tasks_on_node, torch_environment
+from brain_trainer.parallel.launcher import detect_environment, expand_nodelist, held_port, tasks_on_node, torch_environment
 
 ALL_VARIABLES = (
     "TORCHELASTIC_RUN_ID", "GROUP_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID",
@@ -104,13 +105,22 @@ def test_manual_mapping_derives_local_rank_from_nodes():
                        MASTER_ADDR="10.0.0.1", MASTER_PORT="29600")  # fmt: skip
 
 
-def test_single_process_gets_rank_zero_of_one_on_a_free_port():
-    out = torch_environment({}, DistributedConfig(), port_finder=lambda: 41234)
-    assert out == dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT="41234")  # fmt: skip
-    port = int(torch_environment({}, DistributedConfig())["MASTER_PORT"])
-    with socket.socket() as sock:  # the real finder's port is bindable
-        sock.bind(("127.0.0.1", port))
+def test_single_process_gets_rank_zero_of_one_on_port_0():
+    # Its store binds whatever port the kernel gives it: no port is chosen first and bound later.
+    assert torch_environment({}, DistributedConfig()) == dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                                                              LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                                                              MASTER_PORT="0")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^MASTER_PORT: must be >= 1, got 0$"):  # the other ranks could not find it
+        torch_environment({**MANUAL, "MASTER_PORT": "0"}, DistributedConfig())
+
+
+def test_a_held_port_is_nobody_elses_until_a_server_listens_on_it():
+    with held_port() as port:
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+        # A server that sets SO_REUSEADDR, as HTTPServer and torch's TCPStore do, still gets it.
+        server = ThreadingHTTPServer(("127.0.0.1", port), BaseHTTPRequestHandler)
+        server.server_close()
 
 
 @pytest.mark.parametrize(
@@ -172,22 +182,20 @@ def test_a_manual_launch_takes_its_layout_from_the_config(clean_env):
 
 def test_two_nodes_launched_by_hand_train_together(tmp_path):
     """`python -m brain_trainer` started by hand on two "nodes": the config's layout forms one group."""
-    config = {
-        "training": {"steps": 3, "micro_batch_size": 2, "seq_len": 16, "log_interval": 1},
-        "distributed": {"strategy": "ddp", "num_nodes": 2, "master_addr": "127.0.0.1", "master_port": free_port()},
-        "data": {"source": "synthetic", "num_samples": 64},
-        "checkpoint": {"enabled": False},
-        "metrics": {"port": 0},
-    }
-    path = tmp_path / "trainer.yaml"
-    path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k not in ALL_VARIABLES}
-    procs = [
-        subprocess.Popen([sys.executable, "-m", "brain_trainer", "--config", str(path)],
-                         env={**env, "NODE_RANK": str(node), "OMP_NUM_THREADS": "1"},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for node in range(2)
-    ]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    assert "with ddp on 2 rank(s)" in outputs[0] and "step 3/3" in outputs[0]
+    argv = [sys.executable, "-m", "brain_trainer", "--config", tmp_path / "trainer.yaml"]
+    # Held until node 0's store listens on it: nobody takes the port the config names in between.
+    with held_port() as port:
+        config = {
+            "training": {"steps": 3, "micro_batch_size": 2, "seq_len": 16, "log_interval": 1},
+            "distributed": {"strategy": "ddp", "num_nodes": 2, "master_addr": "127.0.0.1", "master_port": port},
+            "data": {"source": "synthetic", "num_samples": 64},
+            "checkpoint": {"enabled": False},
+            "metrics": {"port": 0},
+        }
+        (tmp_path / "trainer.yaml").write_text(yaml.safe_dump(config))
+        with (start(argv, timeout=300, env={**env, "NODE_RANK": "0", "OMP_NUM_THREADS": "1"}) as node0,
+              start(argv, timeout=300, env={**env, "NODE_RANK": "1", "OMP_NUM_THREADS": "1"}) as node1):
+            codes = [node0.wait(), node1.wait()]
+    assert codes == [0, 0], [node0.output, node1.output]
+    assert "with ddp on 2 rank(s)" in node0.output and "step 3/3" in node0.output

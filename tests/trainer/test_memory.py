@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from dataclasses import replace
 
 import pytest
+from processes import run
 
 from brain_trainer import ConfigError, TrainerConfig
 from brain_trainer.parallel.memory import (
@@ -38,7 +38,8 @@ def test_planner_presets_and_config_do_not_import_torch():
         "brain_trainer.parallel.memory.choose_strategy('7b', world_size=8, device_memory_bytes=80 * 10**9)\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    done = run([sys.executable, "-c", code], timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_model_states_per_strategy_by_hand():

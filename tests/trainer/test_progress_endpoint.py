@@ -4,16 +4,14 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import yaml
+from processes import start, torchrun
 
-from harness import free_port
+from brain_trainer.parallel.launcher import held_port
 
 LOG_LINE = re.compile(r"step (\d+)/\d+ loss ([\d.]+)")
 
@@ -31,34 +29,30 @@ def metric(text: str, name: str) -> float:
 
 
 def test_progress_and_metrics_report_a_rising_step_and_the_logged_loss(tmp_path):
-    port = free_port()
-    config = {
-        "training": {"steps": 100000, "micro_batch_size": 2, "seq_len": 16, "log_interval": 1},
-        "distributed": {"strategy": "ddp"},
-        "checkpoint": {"dir": str(tmp_path / "checkpoints"), "enabled": False},
-        "metrics": {"port": port},
-    }
     cfg_path = tmp_path / "trainer.yaml"
-    cfg_path.write_text(yaml.safe_dump(config))
-    torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.Popen(
-        [str(torchrun), "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         f"127.0.0.1:{free_port()}", "-m", "brain_trainer", "--config", str(cfg_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
     seen = []  # (progress document, /metrics text) pairs, in the order read
-    try:
-        deadline = time.monotonic() + 180
-        # Poll the live endpoint until training has visibly moved on; the run would go on for hours.
-        while len({doc["step"] for doc, _ in seen}) < 3:
-            assert proc.poll() is None, "the trainer exited early"
-            assert time.monotonic() < deadline, "no progress within 180 s"
-            body, text = get(port, "/progress"), get(port, "/metrics")
-            if body and text and json.loads(body):
-                seen.append((json.loads(body), text.decode()))
-    finally:
-        proc.send_signal(signal.SIGTERM)  # torchrun forwards it to the workers
-        output, _ = proc.communicate(timeout=120)
+    # Held until rank 0's endpoint listens on it: nobody else takes it, and what answers there is our trainer.
+    with held_port() as port:
+        config = {
+            "training": {"steps": 100000, "micro_batch_size": 2, "seq_len": 16, "log_interval": 1},
+            "distributed": {"strategy": "ddp"},
+            "checkpoint": {"dir": str(tmp_path / "checkpoints"), "enabled": False},
+            "metrics": {"port": port},
+        }
+        cfg_path.write_text(yaml.safe_dump(config))
+        with start(torchrun("-m", "brain_trainer", "--config", cfg_path), timeout=300,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}) as child:
+            deadline = time.monotonic() + 180
+            # Poll the live endpoint until training has visibly moved on; the run would go on for hours.
+            while len({doc["step"] for doc, _ in seen}) < 3:
+                assert child.poll() is None, "the trainer exited early:\n" + child.output[-3000:]
+                assert time.monotonic() < deadline, "no progress within 180 s"
+                body, text = get(port, "/progress"), get(port, "/metrics")
+                if body and text and json.loads(body):
+                    seen.append((json.loads(body), text.decode()))
+            child.send_signal(signal.SIGTERM)  # torchrun forwards it to the workers
+            child.wait()
+    output = child.output
     logged = {int(m[1]): float(m[2]) for m in LOG_LINE.finditer(output)}
     steps = [doc["step"] for doc, _ in seen]
     assert steps == sorted(steps) and len(set(steps)) >= 3

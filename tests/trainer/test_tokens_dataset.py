@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pickle
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from processes import run
 
 from brain_trainer.config import DistributedConfig
 from brain_trainer.data.loader import RankAwareDataLoader
@@ -91,6 +91,6 @@ def test_prepare_command_line_stays_light():
     """`braintrain` builds prepare's parser without numpy, tokenizers or torch (the operator image has none)."""
     code = ("import sys, brain_operator.cli, brain_trainer.data.tokens.format; "
             "print([m for m in ('numpy', 'tokenizers', 'torch') if m in sys.modules])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run([sys.executable, "-c", code], timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -5,8 +5,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import sysconfig
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +22,8 @@ from brain_trainer.data.loader import ByteFileDataset, RankAwareDataLoader, Synt
 from brain_trainer.loop.train import param_groups, resolve_strategy, train
 from brain_trainer.observe.progress import write_progress
 from brain_trainer.schema import ConfigError
-from harness import free_port, run_ranks
+from harness import run_ranks
+from processes import run, torchrun
 
 LOG_LINE = re.compile(r"step (\d+)/(\d+) loss ([\d.]+) tokens/s ([\d.]+)")
 
@@ -71,11 +70,8 @@ def test_torchrun_two_ranks_learn_the_stdlib_sources(tmp_path):
     cfg_path = tmp_path / "trainer.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
     progress_path = tmp_path / "progress.json"
-    torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.run(
-        [str(torchrun), "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-         "-m", "brain_trainer", "--config", str(cfg_path)],
-        capture_output=True, text=True, timeout=300,
+    proc = run(
+        torchrun("-m", "brain_trainer", "--config", cfg_path), timeout=300,
         env={**os.environ, "BRAIN_PROGRESS_FILE": str(progress_path), SAMPLE_LOG_ENV: str(tmp_path / "samples.jsonl"),
              "OMP_NUM_THREADS": "1"},
     )
@@ -144,8 +140,8 @@ def test_same_losses_at_any_world_size_and_accumulation(monkeypatch):
     monkeypatch.setenv("RANK", "0")  # one process, without leaking launcher variables into other tests
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "0")
     for training in ({"micro_batch_size": 4}, {"micro_batch_size": 1, "global_batch_size": 4}):
-        monkeypatch.setenv("MASTER_PORT", str(free_port()))
         single = train(_small_job("single", **training))
         assert [loss for _, loss in single.history] == pytest.approx(losses, rel=1e-4), training
 
@@ -154,7 +150,7 @@ def test_a_failing_loop_gives_sigterm_back(tmp_path, monkeypatch):
     """The checkpoint manager holds SIGTERM while training; an error must not leave it swallowing the signal."""
     # One process; set through monkeypatch so that what train() exports does not leak into other tests.
     for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(free_port())).items():
+                           MASTER_PORT="0").items():
         monkeypatch.setenv(key, value)
 
     def broken_loader(*args, **kwargs):

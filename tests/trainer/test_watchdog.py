@@ -8,10 +8,10 @@ termination message.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
+import processes
 import pytest
 
 from brain_trainer.contract import EXIT_CODES, STALLED
@@ -42,11 +42,11 @@ PROGRAM = textwrap.dedent(
 )
 
 
-def run(tmp_path, *, enabled=True, block="None", in_save=False) -> tuple[subprocess.CompletedProcess, str]:
+def run(tmp_path, *, enabled=True, block="None", in_save=False) -> tuple[processes.Finished, str]:
     log = tmp_path / "termination-log"
     program = PROGRAM.format(enabled=enabled, block=block, in_save=in_save)
     env = {"BRAIN_TERMINATION_LOG": str(log), "PATH": ""}
-    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=env)
+    proc = processes.run([sys.executable, "-c", program], timeout=120, env=env)
     return proc, log.read_text() if log.exists() else ""
 
 

@@ -5,6 +5,14 @@ and exits 2 (the usual usage-error code), never with a traceback. Any fatal
 error ends the same way: classified (failures.py), its reason written as the
 termination message, its exit code returned (docs/training.md, "When training
 fails").
+
+Once `main` has its outcome (the final or the preemption checkpoint committed,
+or the termination message written), the process leaves with `exit_now`,
+without the interpreter's teardown: there libtorch's static destructors, with
+gloo's and the stores' threads still about, now and then abort ("terminate
+called without an active exception", exit 134), and torchrun and the operator
+would count a clean finish, a preemption or a classified failure as an
+unexplained crash.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from .config import load_config
 from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_FLAG, TRAINER_MODULE
@@ -41,12 +49,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         # The request file is another key of trainer.yaml's ConfigMap: it lies beside it.
         train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE), started=started)
-    except (SystemExit, KeyboardInterrupt):
-        raise  # a preemption wrote its own message; Ctrl-C is the user's
+    except KeyboardInterrupt:
+        raise  # Ctrl-C is the user's
+    except SystemExit as exc:  # Preempted, its checkpoint committed and its message written: leave with its code
+        return exc.code
     except BaseException as exc:  # torch.distributed.checkpoint's errors are BaseExceptions
         return report(exc, os.environ.get("RANK"))
     return 0
 
 
+def exit_now(code: int) -> NoReturn:
+    """Flush the logs and the standard streams, then end the process with `code`, skipping the teardown."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

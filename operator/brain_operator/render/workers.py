@@ -32,6 +32,7 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 COMMAND = ("torchrun",)
 # torchrun's own variables that a local run sets differently.
 RDZV_ENDPOINT_ENV = "PET_RDZV_ENDPOINT"
+RDZV_CONF_ENV = "PET_RDZV_CONF"
 LOCAL_ADDR_ENV = "PET_LOCAL_ADDR"
 
 # SIGTERM makes the trainer commit a checkpoint before exiting; a 7B sharded save needs minutes.
@@ -146,7 +147,7 @@ def torchrun_env(job: Job, index: int) -> tuple[tuple[str, str], ...]:
         (RDZV_ENDPOINT_ENV, rendezvous_endpoint(job)),
         ("PET_RDZV_ID", job.uid or job.name),
         ("PET_MAX_RESTARTS", str(spec.elastic.max_restarts)),
-        ("PET_RDZV_CONF", f"is_host={1 if index == 0 else 0}"),
+        (RDZV_CONF_ENV, f"is_host={1 if index == 0 else 0}"),
         ("PET_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_SECONDS)),
         (SHARE_RDZV_STORE, "1"),
     )

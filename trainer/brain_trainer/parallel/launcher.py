@@ -21,7 +21,8 @@ import os
 import re
 import socket
 from argparse import Namespace
-from typing import Callable, Mapping, MutableMapping, Optional, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping, MutableMapping, Optional, TypeVar
 
 from ..config import DistributedConfig
 from ..contract import RUN_ID_ENV, TORCH_RANK_VARIABLES
@@ -115,11 +116,22 @@ def tasks_on_node(tasks_per_node: str, node_id: int) -> int:
     return counts[node_id]
 
 
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
+@contextmanager
+def held_port() -> Iterator[int]:
+    """A loopback port, kept from everyone else until the block ends, for a child process to listen on.
+
+    Choosing a free port and binding it later races: in between, anyone may take
+    it. The socket that chose this one stays bound, with SO_REUSEADDR and without
+    listening, until the block ends: the kernel hands it to no other bind of port 0,
+    and refuses a bind of its number without SO_REUSEADDR; the child's server (an
+    HTTPServer, torch's TCPStore), which sets SO_REUSEADDR, may still bind and
+    listen on it. Only a process that chose the same number earlier, in the same
+    racy way, could take it first.
+    """
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        yield sock.getsockname()[1]
 
 
 def torch_environment(
@@ -127,7 +139,6 @@ def torch_environment(
     config: DistributedConfig,
     *,
     kind: Optional[str] = None,
-    port_finder: Callable[[], int] = free_port,
 ) -> dict[str, str]:
     """The torch.distributed variables for this process, derived from `env`.
 
@@ -144,8 +155,9 @@ def torch_environment(
     elif kind == "manual":
         out = _from_manual(env, config)
     elif kind == "single":
+        # Port 0: the process group's store binds whatever port the kernel gives it, which nobody can take first.
         out = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port_finder()))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
     else:
         raise _error("environment", f"must be one of {', '.join(ENVIRONMENTS)}; got {kind!r}")
     _check_ranks(out)
@@ -236,7 +248,8 @@ def _error(variable: str, message: str) -> ConfigError:
 
 def _check_ranks(out: Mapping[str, str]) -> None:
     """Cross-variable rules; values are integers by now except for torchrun's, checked here too."""
-    env_int(out, "MASTER_PORT", minimum=1, maximum=65535)
+    # Port 0 lets rank 0 bind any port, which no other rank could find: only a world of one may use it.
+    env_int(out, "MASTER_PORT", minimum=0 if env_int(out, "WORLD_SIZE", minimum=1) == 1 else 1, maximum=65535)
     for rank_key, size_key in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
         rank, size = env_int(out, rank_key), env_int(out, size_key)
         if rank >= size:
