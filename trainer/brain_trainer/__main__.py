@@ -52,7 +52,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         raise  # Ctrl-C is the user's
     except SystemExit as exc:  # Preempted, its checkpoint committed and its message written: leave with its code
-        return exc.code
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     except BaseException as exc:  # torch.distributed.checkpoint's errors are BaseExceptions
         return report(exc, os.environ.get("RANK"))
     return 0
