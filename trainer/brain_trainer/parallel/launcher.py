@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-from argparse import Namespace
 from contextlib import contextmanager
 from typing import Callable, Iterator, Mapping, MutableMapping, Optional, TypeVar
 
@@ -29,6 +28,7 @@ from ..contract import RUN_ID_ENV, TORCH_RANK_VARIABLES
 from ..schema import ConfigError, FieldError
 
 ENVIRONMENTS = ("torchrun", "slurm", "manual", "single")
+A = TypeVar("A")
 T = TypeVar("T")
 
 _BRACKET = re.compile(r"\[([^\]]*)\]")
@@ -269,7 +269,10 @@ class DistributedLauncher:
     def torch_environment(self) -> dict[str, str]:
         return torch_environment(self.environ, self.config)
 
-    def launch(self, train_fn: Callable[[Namespace], T], args: Namespace) -> T:
-        """Export the torch variables, then run `train_fn(args)` in this process; returns what it returns."""
+    def launch(self, train_fn: Callable[[A], T], args: A) -> T:
+        """Export the torch variables, then run `train_fn(args)` in this process; returns what it returns.
+
+        `args` is whatever `train_fn` takes: the seed's argparse Namespace, or the loop's typed `Run`.
+        """
         self.environ.update(self.torch_environment())
         return train_fn(args)
