@@ -4,7 +4,8 @@
 
 Prints, for whole runs (setup included; median over interleaved repeats after
 one warm-up of each), tokens per wall second and per CPU second of rank 0,
-each with its ratio to the plain loop (target >= 0.98 for the lower of the two, median of 3 runs). On a shared machine
+each with its ratio to the plain loop (target: the lower of the two >= 0.98,
+the median of 3 runs). On a shared machine
 the CPU-second figure is the steadier one: other people's load changes wall
 time, not the work a run does. "checkpoints on" adds the preemption votes, a
 checkpoint manager's setup and the final save; its interval is 0, so no save
