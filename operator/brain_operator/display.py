@@ -96,6 +96,7 @@ class RunSummary:
     eval_loss: Optional[float] = None
     first_eval_loss: Optional[float] = None
     goodput: Optional[Goodput] = None
+    set_aside: tuple[str, ...] = ()  # folders checkpoint.resumeFrom moved checkpoints into during the run
 
 
 def goodput_line(g: Optional[Goodput]) -> str:
@@ -125,6 +126,7 @@ def summary_lines(s: RunSummary) -> list[str]:
         f"restarts:    {s.restarts}",
         f"goodput:     {goodput_line(s.goodput)}",
         f"checkpoint:  {s.checkpoint or '-'}",
+        *(f"set aside:   {folder} (checkpoints moved out of the way by checkpoint.resumeFrom)" for folder in s.set_aside),
     ]
 
 

@@ -17,7 +17,9 @@ them with their pod, so nothing outlives it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import importlib.util
 import os
 import queue
@@ -31,9 +33,10 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, TextIO
+from typing import IO, Any, Callable, Iterator, Mapping, Optional, TextIO
 
-from brain_trainer.checkpoint.store import Candidate, list_checkpoints
+from brain_trainer.checkpoint import resume_from
+from brain_trainer.checkpoint.store import Candidate, list_checkpoints, set_aside_folders
 from brain_trainer.contract import CONFIG_FILE, ERROR, PROGRESS_FILE_ENV, Progress, cause_rank, format_time, parse_termination
 from brain_trainer.parallel.launcher import held_port
 
@@ -48,12 +51,13 @@ from .local_plan import (
     plan_local,
     process_env,
 )
+from .render.workers import run_id
 from .spec import parse_job
 from .spec.model import FAIL_JOB, RESTART
 from .stalled import quiet
 from .storage import check_storage, local_shortfall
 
-__all__ = ["newest_committed", "planner", "request_checkpoint", "run_job"]
+__all__ = ["newest_committed", "planner", "request_checkpoint", "run_job", "running_here"]
 
 # How often the runner looks at its processes and the progress document.
 POLL_SECONDS = 0.2
@@ -66,6 +70,9 @@ STALL_SLACK_SECONDS = 1.0
 CLAIMS_DIR = Path("runs") / "claims"
 # The work directory's folder of the attempts' rendezvous files (local_plan's docstring).
 RENDEZVOUS_DIR = "rendezvous"
+# In the work directory: locked by the runner while its run lives (flock: the kernel releases it however the runner
+# ends); its text says how the run ended, or, while it runs, what to say should the runner die without a summary.
+RUN_STATE_FILE = "run-state"
 # prctl(2) option: orphaned descendants are re-parented to this process.
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -320,14 +327,51 @@ class _Runner:
             plan = self.plan_for()
 
 
+def _say(f: IO[str], text: str) -> None:
+    f.seek(0)
+    f.truncate()
+    f.write(text + "\n")
+    f.flush()
+
+
+@contextlib.contextmanager
+def running_here(workdir: Path) -> Iterator[IO[str]]:
+    """Hold the work directory's run state while a run lives (another runner there is refused); `_say` the end."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with open(workdir / RUN_STATE_FILE, "a+") as f:  # not inherited: the lock is the runner's alone
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LocalRunError(f"{workdir}: another braintrain run is running there") from None
+        _say(f, f"its runner (pid {os.getpid()}) ended without a summary")
+        yield f
+
+
+def ended(workdir: Path) -> Optional[str]:
+    """None while a runner holds `workdir`, else how its last run ended ("" when unknown)."""
+    try:
+        with open(workdir / RUN_STATE_FILE) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
+            return f.read().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def request_checkpoint(workdir: Path) -> str:
     """Ask the run in `workdir` for a checkpoint at its next step boundary; returns the request's text.
 
     The same file the operator writes into the job's ConfigMap: rank 0 reads it, the ranks agree in their vote.
+    A run that is not running would never answer: LocalRunError says so.
     """
     path = checkpoint_request_file(workdir.resolve())
     if not path.with_name(CONFIG_FILE).is_file():
         raise LocalRunError(f"{workdir}: no braintrain run here (no {path.with_name(CONFIG_FILE)})")
+    last = ended(workdir.resolve())
+    if last is not None:
+        raise LocalRunError(f"{workdir}: the run is not running" + (f" (last: {last})" if last else ""))
     request = format_time() + f" {time.time_ns() % 1_000_000_000:09d}"  # new every time, and says when
     staged = path.with_name(path.name + ".tmp")
     staged.write_text(request + "\n")
@@ -363,6 +407,30 @@ def _prepare(plan: LocalPlan) -> None:
     plan.progress_file.unlink(missing_ok=True)
 
 
+def _summary(plan: LocalPlan, runner: _Runner, status: str, restarts: int, message: str, wall_seconds: float,
+             set_aside_before: set[Path]) -> RunSummary:
+    doc = read_progress(plan.progress_file)
+    last = newest_committed(plan.checkpoint_dir)
+    return RunSummary(
+        status=status,
+        step=max(last.step if last else 0, doc.step if doc else 0),
+        total_steps=plan.total_steps,
+        loss=doc.loss if doc else None,
+        first_loss=runner.first_loss,
+        tokens_per_second=doc.tokens_per_second if doc else None,
+        wall_seconds=wall_seconds,
+        checkpoint=str(last.path) if last else None,
+        restarts=restarts,
+        message=message,
+        reason=runner.reason if status == "Failed" else "",
+        eval_loss=doc.eval_loss if doc else None,
+        first_eval_loss=runner.first_eval_loss,
+        goodput=doc.goodput if doc else None,
+        # Made by this run's trainers (checkpoint.resumeFrom): where the checkpoints that were in the way went.
+        set_aside=tuple(str(p) for p in set_aside_folders(plan.checkpoint_dir) if p not in set_aside_before),
+    )
+
+
 def run_job(
     manifest: Mapping[str, Any],
     *,
@@ -384,7 +452,12 @@ def _run(plan_for: Callable[[], LocalPlan], stream: TextIO) -> int:
     check_storage(plan.job)
     if importlib.util.find_spec("torch") is None:
         raise LocalRunError("braintrain run needs torch here: pip install 'brain-train[trainer]'")
-    done = newest_committed(plan.checkpoint_dir)
+    # What the trainers will start from, checkpoint.resumeFrom applied (they refuse a step that is not committed).
+    checkpoint, run = plan.job.spec.checkpoint, run_id(plan.job)
+    refused = resume_from.refusal(plan.checkpoint_dir, checkpoint, run)
+    if refused is not None:
+        raise LocalRunError(f"spec.checkpoint.resumeFrom: {refused}")
+    done = resume_from.start_point(plan.checkpoint_dir, checkpoint, run)
     if done is not None and done.step >= plan.total_steps:
         print(
             f"braintrain: {plan.job_name} is already complete: {done.path} holds step {done.step} "
@@ -392,12 +465,20 @@ def _run(plan_for: Callable[[], LocalPlan], stream: TextIO) -> int:
             file=stream,
         )
         return 0
+    with running_here(plan.workdir) as state:
+        return _supervise(plan_for, plan, done, stream, state)
+
+
+def _supervise(plan_for: Callable[[], LocalPlan], plan: LocalPlan, done: Optional[Candidate], stream: TextIO,
+               state: IO[str]) -> int:
+    """Run the attempts, then print the summary and leave it in the run state."""
     _prepare(plan)
     # Before any step is computed: a folder without room for the next checkpoint fails now.
     short = local_shortfall(plan.job, free=shutil.disk_usage(plan.checkpoint_dir).free, folder=str(plan.checkpoint_dir))
     if short is not None:
         raise LocalRunError(short)
     display = make_display(stream, job_name=plan.job_name, total_steps=plan.total_steps)
+    set_aside_before = set(set_aside_folders(plan.checkpoint_dir))
     if done is not None:
         display.note(f"resuming {plan.job_name} from {done.path} (step {done.step} of {plan.total_steps})")
     runner = _Runner(plan_for, plan, display)
@@ -409,25 +490,9 @@ def _run(plan_for: Callable[[], LocalPlan], stream: TextIO) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         display.close()
-    doc = read_progress(plan.progress_file)
-    last = newest_committed(plan.checkpoint_dir)
-    summary = RunSummary(
-        status=status,
-        step=max(last.step if last else 0, doc.step if doc else 0),
-        total_steps=plan.total_steps,
-        loss=doc.loss if doc else None,
-        first_loss=runner.first_loss,
-        tokens_per_second=doc.tokens_per_second if doc else None,
-        wall_seconds=time.monotonic() - started,
-        checkpoint=str(last.path) if last else None,
-        restarts=restarts,
-        message=message,
-        reason=runner.reason if status == "Failed" else "",
-        eval_loss=doc.eval_loss if doc else None,
-        first_eval_loss=runner.first_eval_loss,
-        goodput=doc.goodput if doc else None,
-    )
+    summary = _summary(plan, runner, status, restarts, message, time.monotonic() - started, set_aside_before)
     print("\n".join(summary_lines(summary)), file=stream, flush=True)
+    _say(state, f"{status} at step {summary.step}/{summary.total_steps}" + (f" ({message})" if message else ""))
     if status == "Succeeded":
         return 0
     return 128 + runner.stop_signal if runner.stop_signal is not None else 1

@@ -1,5 +1,6 @@
 """`braintrain`: render == what reconcile creates, validate/run on bad input, estimate, help and version."""
 
+import os
 import re
 import sys
 from datetime import datetime, timezone
@@ -13,6 +14,8 @@ from processes import run
 from brain_operator import __version__
 from brain_operator.cli import main
 from brain_operator.cluster import ObjectRef
+from brain_operator.local import _say, running_here
+from brain_operator.local_plan import LocalRunError
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import KIND, OperatorDefaults
 
@@ -213,13 +216,34 @@ def test_checkpoint_asks_a_local_run_through_the_file_beside_its_trainer_yaml(ca
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "trainer.yaml").write_text("{}\n")
     requests = []
-    for _ in range(2):
-        code, out, err = run_cli(capsys, "checkpoint", str(tmp_path))
-        requests.append((tmp_path / "config" / "checkpoint-request").read_text().strip())
-        assert code == 0 and err == ""
-        assert out == f"braintrain: checkpoint requested ({requests[-1]}): the workers commit one at their next step boundary\n"
+    with running_here(tmp_path):  # what `braintrain run` holds while its run lives
+        for _ in range(2):
+            code, out, err = run_cli(capsys, "checkpoint", str(tmp_path))
+            requests.append((tmp_path / "config" / "checkpoint-request").read_text().strip())
+            assert code == 0 and err == ""
+            assert out == f"braintrain: checkpoint requested ({requests[-1]}): the workers commit one at their next step boundary\n"
     assert requests[0] != requests[1], "every request is new, or the trainer would take it for the last one"
     assert sorted(p.name for p in (tmp_path / "config").iterdir()) == ["checkpoint-request", "trainer.yaml"]
+
+
+def test_checkpoint_of_a_run_that_is_not_running_says_so_with_its_last_state(capsys, tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "trainer.yaml").write_text("{}\n")
+    code, out, err = run_cli(capsys, "checkpoint", str(tmp_path))  # a run from before the run state
+    assert (code, out, err) == (1, "", f"braintrain: {tmp_path}: the run is not running\n")
+    with running_here(tmp_path):
+        pass  # a runner killed before its summary
+    code, out, err = run_cli(capsys, "checkpoint", str(tmp_path))
+    assert code == 1 and out == ""
+    assert err == f"braintrain: {tmp_path}: the run is not running (last: its runner (pid {os.getpid()}) ended without a summary)\n"
+    with running_here(tmp_path) as state:
+        _say(state, "Succeeded at step 20/20")
+        with pytest.raises(LocalRunError, match="another braintrain run is running there"):
+            with running_here(tmp_path):
+                pass
+    code, out, err = run_cli(capsys, "checkpoint", str(tmp_path))
+    assert (code, out) == (1, "") and err.endswith(": the run is not running (last: Succeeded at step 20/20)\n")
+    assert not (tmp_path / "config" / "checkpoint-request").exists()
 
 
 def test_checkpoint_of_a_folder_without_a_run_is_one_line(capsys, tmp_path):

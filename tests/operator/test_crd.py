@@ -280,3 +280,17 @@ def test_propagated_fields_and_written_out_defaults_pass_every_rule():
         "spec.training.microBatchSize cannot change while the job exists: delete the job and create it again "
         "(a retained checkpoint claim resumes it)"
     ]
+
+
+def test_resume_from_is_immutable_as_a_step_or_a_word_and_its_default_is_no_change():
+    def job(**checkpoint):
+        return {"image": "i", "checkpoint": {"claimName": "c", **checkpoint}}
+
+    refused = ["spec.checkpoint.resumeFrom cannot change while the job exists: delete the job and create it again "
+               "(a retained checkpoint claim resumes it)"]
+    assert transition_errors(job(), job(resumeFrom="latest")) == []
+    assert transition_errors(job(), job(resumeFrom=40)) == refused
+    assert transition_errors(job(resumeFrom=40), job(resumeFrom="none")) == refused
+    assert transition_errors(job(resumeFrom=40), job(resumeFrom=40)) == []
+    assert transition_errors(job(resumeFrom=40), job(resumeFrom="40")) == []  # the same step, quoted
+    assert cel_errors(job(resumeFrom=40)) == [] and cel_errors(job(resumeFrom="none")) == []

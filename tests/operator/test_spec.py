@@ -203,6 +203,8 @@ BAD = [
     ("negative backoff", lambda m: _set(m["spec"], "runPolicy.backoffLimit", -1), "spec.runPolicy.backoffLimit", "got -1"),
     ("negative torchrun restarts", lambda m: _set(m["spec"], "elastic.maxRestarts", -1), "spec.elastic.maxRestarts", "got -1"),
     ("zero keepLast", lambda m: _set(m["spec"], "checkpoint.keepLast", 0), "spec.checkpoint.keepLast", "got 0"),
+    ("bad resumeFrom", lambda m: _set(m["spec"], "checkpoint.resumeFrom", "earliest"), "spec.checkpoint.resumeFrom",
+     "must be latest, none or a step >= 0, got 'earliest'"),
     ("min above max", lambda m: m["spec"].update(nodes=4, elastic={"minNodes": 6, "maxNodes": 4}), "spec.elastic.minNodes", "must be <= maxNodes (4), got 6"),
     ("nodes above the range", lambda m: m["spec"].update(nodes=5, elastic={"minNodes": 2, "maxNodes": 4}), "spec.nodes", "got 5"),
     ("nodes below the range", lambda m: m["spec"].update(nodes=1, elastic={"minNodes": 2, "maxNodes": 4}), "spec.nodes", "got 1"),

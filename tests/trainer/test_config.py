@@ -132,7 +132,8 @@ def test_camel_case_paths_schema_and_round_trip():
 
 def test_config_modules_do_not_import_torch():
     torch_free = ("config", "contract", "config.kubeyaml", "config.presets", "parallel.memory", "parallel.launcher",
-                  "observe.metrics", "observe.progress", "loop.schedule", "checkpoint", "checkpoint.store")
+                  "observe.metrics", "observe.progress", "loop.schedule", "checkpoint", "checkpoint.store",
+                  "checkpoint.resume_from")
     imports = ", ".join(f"brain_trainer.{name}" for name in torch_free)
     code = f"import sys, brain_trainer, {imports}; assert 'torch' not in sys.modules, sorted(sys.modules)"
     done = run([sys.executable, "-c", code], timeout=120)

@@ -44,6 +44,7 @@ __all__ = [
     "key_for",
     "in_view",
     "camel",
+    "is_int_or_string",
 ]
 
 
@@ -154,7 +155,7 @@ def _describe(value: Any) -> str:
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}
 
 
-def _is_int_or_string(tp: Any) -> bool:
+def is_int_or_string(tp: Any) -> bool:
     """`int | str`: Kubernetes' int-or-string (quantities such as `2` or `"500m"`)."""
     return typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {int, str}
 
@@ -172,7 +173,7 @@ def _shape(tp: Any) -> tuple[str, Any, bool]:
         return "dict", typing.get_args(tp)[1], optional
     if tp is Any:
         return "any", tp, optional
-    if _is_int_or_string(tp):
+    if is_int_or_string(tp):
         return "int-or-string", tp, optional
     return "scalar", tp, optional
 
@@ -371,7 +372,7 @@ def _type_schema(tp: Any, camel_case: bool) -> dict:
         return {"type": "object", "additionalProperties": _type_schema(val_tp, camel_case)}
     if tp is Any:
         return {"x-kubernetes-preserve-unknown-fields": True}
-    if _is_int_or_string(tp):
+    if is_int_or_string(tp):
         return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
     return {"type": _OPENAPI_TYPES[tp]}
 

@@ -136,6 +136,11 @@ def rendezvous_endpoint(job: Job) -> str:
     return f"{worker_pod_name(job.name, 0)}.{workers_service_name(job.name)}:{RDZV_PORT}"
 
 
+def run_id(job: Job) -> str:
+    """torchrun's run id (contract.RUN_ID_ENV): the job's uid, its name where it has none (a local run)."""
+    return job.uid or job.name
+
+
 def torchrun_env(job: Job, index: int) -> tuple[tuple[str, str], ...]:
     """torchrun's PET_* settings; pod 0 hosts the c10d store, said explicitly rather than by hostname matching."""
     spec = job.spec
@@ -145,7 +150,7 @@ def torchrun_env(job: Job, index: int) -> tuple[tuple[str, str], ...]:
         ("PET_NPROC_PER_NODE", str(spec.nproc_per_node)),
         ("PET_RDZV_BACKEND", "c10d"),
         (RDZV_ENDPOINT_ENV, rendezvous_endpoint(job)),
-        ("PET_RDZV_ID", job.uid or job.name),
+        ("PET_RDZV_ID", run_id(job)),
         ("PET_MAX_RESTARTS", str(spec.elastic.max_restarts)),
         (RDZV_CONF_ENV, f"is_host={1 if index == 0 else 0}"),
         ("PET_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_SECONDS)),

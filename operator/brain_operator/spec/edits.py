@@ -19,7 +19,7 @@ import json
 import typing
 from typing import Any, Iterator
 
-from brain_trainer.schema import camel, in_view, key_for
+from brain_trainer.schema import camel, in_view, is_int_or_string, key_for
 
 from .model import JobSpec
 
@@ -46,10 +46,11 @@ def propagated_fields() -> list[str]:
 
 def immutable_fields() -> list[tuple[list[str], dataclasses.Field]]:
     """(manifest keys below spec, field) of each immutable field, a whole section where none of it propagates."""
-    return list(_immutable(JobSpec, []))
+    return [(keys, f) for keys, f, _ in _immutable(JobSpec, [])]
 
 
-def _immutable(cls: type, prefix: list[str]) -> Iterator[tuple[list[str], dataclasses.Field]]:
+def _immutable(cls: type, prefix: list[str]) -> Iterator[tuple[list[str], dataclasses.Field, Any]]:
+    """(keys, field, its type) of each immutable field below `prefix`."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if not in_view(f, True):
@@ -62,7 +63,7 @@ def _immutable(cls: type, prefix: list[str]) -> Iterator[tuple[list[str], datacl
         if dataclasses.is_dataclass(inner) and any(p.startswith(f"{snake}.") for p in PROPAGATED):
             yield from _immutable(inner, keys)
         else:
-            yield keys, f
+            yield keys, f, inner
 
 
 def _snake(prefix: list[str]) -> list[str]:
@@ -83,10 +84,16 @@ def _literal(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (str, bool, int, float)) else ""
 
 
-def transition_rule(keys: list[str], f: dataclasses.Field) -> tuple[str, str]:
-    """(CEL rule on spec, message) keeping one field as it was."""
+def transition_rule(keys: list[str], f: dataclasses.Field, *, as_text: bool = False) -> tuple[str, str]:
+    """(CEL rule on spec, message) keeping one field as it was.
+
+    as_text (an int-or-string field): both sides compared as strings, as CEL
+    has no `==` between an int and a string (and 40 means "40").
+    """
     default = f.default if f.default is not dataclasses.MISSING else None
     new, old = ".".join(["self", *keys]), ".".join(["oldSelf", *keys])
+    if as_text:
+        new, old, default = f"string({new})", f"string({old})", None if default is None else str(default)
     literal = _literal(default) if default is not None else ""
     if literal:
         rule = f"({_present('self', keys)} ? {new} : {literal}) == ({_present('oldSelf', keys)} ? {old} : {literal})"
@@ -96,4 +103,4 @@ def transition_rule(keys: list[str], f: dataclasses.Field) -> tuple[str, str]:
 
 
 def transition_rules() -> tuple[tuple[str, str], ...]:
-    return tuple(transition_rule(keys, f) for keys, f in immutable_fields())
+    return tuple(transition_rule(keys, f, as_text=is_int_or_string(tp)) for keys, f, tp in _immutable(JobSpec, []))

@@ -11,7 +11,8 @@
 Modules: store (folder layout, manifest, commit, retention; torch-free, as is
 importing this package),
 shards (DCP reads and writes), state (TrainState), manager (policy),
-young_daly (the interval of intervalSteps auto), sample_log (opt-in per-step
+young_daly (the interval of intervalSteps auto), resume_from (where a run
+starts: latest, none or a step; torch-free), sample_log (opt-in per-step
 record of consumed samples, for resume checks).
 """
 

@@ -26,9 +26,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import AUTO, CheckpointConfig
-from ..contract import STORAGE_FULL, restart_count
+from ..contract import RUN_ID_ENV, STORAGE_FULL, restart_count
 from ..resilience.failures import Fatal, classify
-from . import shards, store
+from ..schema import ConfigError, FieldError
+from . import resume_from, shards, store
 from .state import TrainState, rng_key
 from .young_daly import FIRST_INTERVAL_STEPS, interval_steps
 
@@ -150,11 +151,16 @@ class CheckpointManager:
         return step
 
     def _restore(self, state: TrainState) -> int | None:
-        candidates = None
+        refused = candidates = None
         if self.rank == 0:
+            # resume_from first: what it sets aside is no candidate.
+            refused = resume_from.apply(self.root, self.cfg, os.environ.get(RUN_ID_ENV, ""))
             candidates = store.list_checkpoints(self.root)
             store.remove_stale(self.root)
-        for candidate in _broadcast(candidates, self.group):
+        refused, candidates = _broadcast((refused, candidates), self.group)
+        if refused is not None:  # every rank fails the same way, before any step
+            raise ConfigError([FieldError("checkpoint.resume_from", refused)])
+        for candidate in candidates:
             if candidate.manifest is None:
                 if self.rank == 0:
                     log.warning("skipping %s: %s", candidate.path, candidate.error)

@@ -6,6 +6,8 @@ Torch-free and collective-free: plain file operations that one process runs.
       step-00000040/          committed: shards + .metadata + manifest.json
       step-00000060.tmp/      being written (or left by a crash): never loaded
       step-00000050.corrupt/  failed verification at load; kept for inspection
+      set-aside-20250101T120000Z-resume-from-none/
+                              checkpoints checkpoint.resume_from moved out of the way (resume_from.py)
 
 A checkpoint is committed when its manifest is in place and its folder carries
 the final name; both happen on one rank after every rank finished writing, so a
@@ -20,6 +22,7 @@ import mmap
 import os
 import shutil
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable
 
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 MANIFEST_FORMAT = 1
 CORRUPT_SUFFIX = ".corrupt"
 DELETING_SUFFIX = ".deleting"
+SET_ASIDE_PREFIX = "set-aside-"
 SUM_SUFFIX = ".sum"  # per-shard sidecar written by the shard's own rank, folded into the manifest
 _CHUNK = 8 << 20
 
@@ -264,3 +268,43 @@ def apply_retention(root: Path, keep_last: int) -> list[Path]:
     for path in doomed:
         _delete(path)
     return doomed
+
+
+def lineage(root: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every checkpoint folder a run left, oldest first: committed or not (step-XXXXXXXX) and
+    quarantined (.corrupt). Saves in progress and deletions (.tmp, .deleting) are remove_stale's."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        step = step_of(path.name.removesuffix(CORRUPT_SUFFIX))
+        if step is not None and path.is_dir():
+            found.append((step, path))
+    return sorted(found)
+
+
+def set_aside(root: Path, folders: list[Path], reason: str) -> Path:
+    """Move folders of root into a new root/set-aside-<UTC time>-<reason>/ and return it.
+
+    Renames on the same volume: nothing is copied or deleted. The name matches
+    no checkpoint, so listing, resuming and retention never see what is inside.
+    """
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    target = root / f"{SET_ASIDE_PREFIX}{stamp}-{reason}"
+    for n in range(1, 1000):  # two in the same second (a test, a quick restart) get their own folders
+        if not target.exists():
+            break
+        target = root / f"{SET_ASIDE_PREFIX}{stamp}-{reason}-{n}"
+    target.mkdir()
+    for folder in folders:
+        os.rename(folder, target / folder.name)
+    fsync_dir(target)
+    fsync_dir(root)
+    return target
+
+
+def set_aside_folders(root: Path) -> list[Path]:
+    """The set-aside folders in root, oldest first (their names start with the UTC time)."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob(SET_ASIDE_PREFIX + "*") if p.is_dir())

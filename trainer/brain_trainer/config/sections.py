@@ -31,6 +31,8 @@ LR_SCALING = ("none", "linear")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 # checkpoint.interval_steps chosen by the Young/Daly rule (young_daly.py).
 AUTO = "auto"
+# checkpoint.resume_from: the newest committed checkpoint, or none (from scratch); else a committed step.
+RESUME_LATEST, RESUME_NONE = "latest", "none"
 
 ENTRYPOINT_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
 
@@ -216,11 +218,26 @@ class CheckpointConfig:
     preemption_vote_seconds: float = setting(1.0, minimum=0, help="seconds between the ranks' votes on whether one got SIGTERM; "
                                        "0 votes after every step")
     enabled: bool = setting(True, help="false: never save nor resume")
+    resume_from: int | str = setting(
+        RESUME_LATEST,
+        help=f"where a run starts: {RESUME_LATEST} (the newest committed checkpoint), {RESUME_NONE} (from scratch) "
+        "or a committed step; checkpoints in the way are moved aside into a set-aside-* folder, never deleted; "
+        "applied once per run (its restarts continue from their own checkpoints)",
+    )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         steps = self.interval_steps
         if isinstance(steps, str) and steps != AUTO or isinstance(steps, int) and steps < 0:
             yield "interval_steps", f"must be a number of steps >= 0 or {AUTO}, got {steps!r}"
+        if self.resume_from not in (RESUME_LATEST, RESUME_NONE) and self.resume_step() is None:
+            yield "resume_from", f"must be {RESUME_LATEST}, {RESUME_NONE} or a step >= 0, got {self.resume_from!r}"
+
+    def resume_step(self) -> Optional[int]:
+        """The step `resume_from` names (a number, or its digits as text: a quoted manifest value), else None."""
+        value = self.resume_from
+        if isinstance(value, str) and value.isascii() and value.isdigit():
+            return int(value)
+        return value if isinstance(value, int) and value >= 0 else None
 
 
 @dataclass
