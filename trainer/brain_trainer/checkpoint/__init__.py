@@ -12,7 +12,8 @@ Modules: store (folder layout, manifest, commit, retention; torch-free, as is
 importing this package),
 shards (DCP reads and writes), state (TrainState), manager (policy),
 young_daly (the interval of intervalSteps auto), sample_log (opt-in per-step
-record of consumed samples, for resume checks).
+record of consumed samples, for resume checks), lease (one job per checkpoint
+folder, and the fencing generation of each worker group).
 """
 
 from ..lazy import lazy_exports

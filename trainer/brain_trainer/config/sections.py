@@ -216,6 +216,11 @@ class CheckpointConfig:
     preemption_vote_seconds: float = setting(1.0, minimum=0, help="seconds between the ranks' votes on whether one got SIGTERM; "
                                        "0 votes after every step")
     enabled: bool = setting(True, help="false: never save nor resume")
+    lease_seconds: float = setting(
+        60.0, minimum=0, exclusive_minimum=True,
+        help="a running job holds its checkpoint folder by renewing a lease every quarter of this; another job may take "
+        "the folder once the lease is released (the job ended or was preempted) or this long after its last renewal",
+    )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         steps = self.interval_steps
