@@ -38,8 +38,10 @@ from brain_trainer.contract import (
     CONFIG_FILE,
     LAUNCH_ENV_KEYS,
     LAUNCH_ENV_PREFIXES,
+    LEASE_HOLDER_ENV,
     PROGRESS_FILE_ENV,
     TERMINATION_LOG_ENV,
+    lease_holder,
 )
 
 from .names import workers_service_name
@@ -227,6 +229,9 @@ def plan_local(
         # The address this agent advertises to the others (the pod IP in a cluster).
         env[LOCAL_ADDR_ENV] = LOOPBACK
         env[PROGRESS_FILE_ENV] = str(progress_file)
+        # The checkpoint volume's holder is the work directory here (the uid in a cluster): a rerun in it takes
+        # its claim over at once, another job's run on the same claim is refused while this one holds it.
+        env[LEASE_HOLDER_ENV] = lease_holder(job.name, str(workdir))
         # The pod's /dev/termination-log, where its trainers say why they ended.
         termination_log = workdir / "termination" / worker.name
         env[TERMINATION_LOG_ENV] = str(termination_log)

@@ -74,12 +74,14 @@ def test_the_pod_env_is_carried_over_except_what_must_change_locally():
     pods = [o for o in render_elastic(job) if o["kind"] == "Pod"]
     p = plan()
     local_only = {"PET_RDZV_ENDPOINT", "PET_RDZV_CONF", "PET_LOCAL_ADDR", "BRAIN_PROGRESS_FILE", "BRAIN_TERMINATION_LOG",
-                  "OMP_NUM_THREADS"}
+                  "OMP_NUM_THREADS", "BRAIN_LEASE_HOLDER"}
     for pod, worker in zip(pods, p.workers):
         pod_env = {v["name"]: v["value"] for v in pod["spec"]["containers"][0]["env"]}
         assert {k: v for k, v in worker.env.items() if k not in local_only} == {
             k: v for k, v in pod_env.items() if k not in local_only
         }
+        # The holder of the checkpoint claim is the work directory here, the uid in a cluster.
+        assert worker.env["BRAIN_LEASE_HOLDER"] == f"job local-minimal ({p.workdir})"
 
 
 def test_no_in_pod_path_or_cluster_dns_name_survives():

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from brain_operator.render import build_worker_pod, render, render_elastic
+from brain_operator.render.workers import checkpoint_claim_name
 from brain_operator.spec import parse_job, trainer_config
 from brain_trainer.config import TrainerConfig
 
@@ -159,10 +160,17 @@ def test_torchrun_environment(objects):
 
 def test_the_reasons_that_fail_the_job_reach_the_trainer(objects):
     # With them the trainer stops torchrun too, whose restarts inside the pod would fail the same way.
-    assert {env_of(pod)["BRAIN_FAIL_FAST"] for pod in by_kind(objects, "Pod")} == {"storage-full,data-error,config-error"}
+    assert {env_of(pod)["BRAIN_FAIL_FAST"] for pod in by_kind(objects, "Pod")} == {"storage-full,data-error,config-error,fenced"}
     policy = {"storageFull": "Restart", "error": "FailJob"}
     changed = render_elastic(parse_job(job_manifest(runPolicy={"failurePolicy": policy})))
-    assert env_of(by_kind(changed, "Pod")[0])["BRAIN_FAIL_FAST"] == "data-error,config-error,error"
+    assert env_of(by_kind(changed, "Pod")[0])["BRAIN_FAIL_FAST"] == "data-error,config-error,fenced,error"
+
+
+def test_the_checkpoint_volumes_holder_is_the_job_and_its_uid(objects):
+    # A refused start names the holder and the claim (checkpoint/lease.py); a replaced pod is the same holder.
+    for pod in by_kind(objects, "Pod"):
+        assert env_of(pod)["BRAIN_LEASE_HOLDER"] == f"job llm (uid {UID})"
+        assert env_of(pod)["BRAIN_CHECKPOINT_CLAIM"] == checkpoint_claim_name(parse_job(job_manifest()))
 
 
 def test_nccl_block(objects):

@@ -12,11 +12,11 @@ HOLD_STEP = int(os.environ["HOLD_COMMIT_STEP"])
 real_commit = store.commit
 
 
-def commit(folder, final, fields):
+def commit(folder, final, fields, *rest):
     if fields["step"] == HOLD_STEP and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
         print(f"holding commit of step {HOLD_STEP} in pid {os.getpid()}", flush=True)
         threading.Event().wait()
-    return real_commit(folder, final, fields)
+    return real_commit(folder, final, fields, *rest)
 
 
 store.commit = commit

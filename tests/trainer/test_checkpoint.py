@@ -167,8 +167,8 @@ def saved(tmp_path_factory) -> tuple[Path, dict]:
 def test_save_is_sharded_committed_and_retained(saved):
     root, _ = saved
     names = sorted(p.name for p in root.iterdir())
-    # keep_last=2 of the checkpoints at steps 2, 4, 6; nothing uncommitted left behind.
-    assert names == [store.step_dir_name(s) for s in (STEPS - INTERVAL, STEPS)]
+    # keep_last=2 of the checkpoints at steps 2, 4, 6; nothing uncommitted left behind; the run's lease.
+    assert names == ["lease-00000001.json", *(store.step_dir_name(s) for s in (STEPS - INTERVAL, STEPS))]
     manifest = store.read_manifest(root / names[-1])
     assert manifest["step"] == STEPS and manifest["world_size"] == 2 and manifest["sample_index"] == STEPS * 16
     assert {"torch_version", "config_hash", "time"} <= manifest.keys()

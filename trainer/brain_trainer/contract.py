@@ -54,6 +54,19 @@ PROGRESS_FILE_ENV = "BRAIN_PROGRESS_FILE"
 # Kubernetes reads a container's termination message from this file.
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LOG_ENV = "BRAIN_TERMINATION_LOG"
+# Who holds the checkpoint volume (checkpoint/lease.py), as `lease_holder` writes it: the operator names
+# the job and its uid, the local runner the job and its work directory. Equal text is one holder: its new
+# worker groups (torchrun restarts, replaced pods) take the volume over at once.
+LEASE_HOLDER_ENV = "BRAIN_LEASE_HOLDER"
+# The checkpoint volume's claim, when it is one: a refused start names it.
+CHECKPOINT_CLAIM_ENV = "BRAIN_CHECKPOINT_CLAIM"
+
+
+def lease_holder(job_name: str, instance: Optional[str]) -> str:
+    """`job NAME (INSTANCE)`: the job's uid in a cluster, its work directory locally."""
+    return f"job {job_name} ({instance})" if instance else f"job {job_name}"
+
+
 # The failure reasons (comma-separated) that fail the job without a restart
 # (runPolicy.failurePolicy: FailJob): a trainer failing with one also stops its
 # torchrun agent, so that torchrun does not restart the workers in the pod.
@@ -84,9 +97,10 @@ DATA_ERROR = "data-error"  # a missing, damaged or undecodable dataset
 CONFIG_ERROR_REASON = "config-error"  # a configuration the trainer refuses
 COLLECTIVE_TIMEOUT = "collective-timeout"  # a process-group timeout, or a peer that vanished
 STALLED = "stalled"  # the hang watchdog stopped a rank that made no progress
+FENCED = "fenced"  # a newer worker group (or another job) took the checkpoint volume: this group's commit was refused
 ERROR = "error"  # anything else: the exception's type and first line
 # reason -> exit code. 75 is EX_TEMPFAIL ("try again later"), 65 EX_DATAERR and
-# 73 EX_CANTCREAT in sysexits.h; 2 is the usual usage-error code; 80-82 are ours.
+# 73 EX_CANTCREAT in sysexits.h; 2 is the usual usage-error code; 80-83 are ours.
 EXIT_CODES = {
     PREEMPTED_REASON: 75,
     STORAGE_FULL: 73,
@@ -95,6 +109,7 @@ EXIT_CODES = {
     CONFIG_ERROR_REASON: 2,
     COLLECTIVE_TIMEOUT: 81,
     STALLED: 82,
+    FENCED: 83,
     ERROR: 1,
 }
 REASONS = tuple(EXIT_CODES)

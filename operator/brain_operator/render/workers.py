@@ -10,7 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from brain_trainer.contract import CONFIG_FILE, FAIL_FAST_ENV, METRICS_PORT, METRICS_PORT_NAME, REASONS, trainer_args
+from brain_trainer.contract import (
+    CHECKPOINT_CLAIM_ENV,
+    CONFIG_FILE,
+    FAIL_FAST_ENV,
+    LEASE_HOLDER_ENV,
+    METRICS_PORT,
+    METRICS_PORT_NAME,
+    REASONS,
+    lease_holder,
+    trainer_args,
+)
 
 from ..names import config_map_name, template_claim_name, worker_pod_name, workers_service_name
 from ..spec import Job, node_range
@@ -115,7 +125,8 @@ def volumes(job: Job) -> tuple[Volume, ...]:
 
 def trainer_container(job: Job, launch_env: tuple[tuple[str, str], ...] = (), ports: tuple[Port, ...] = ()) -> Container:
     """torchrun starting the trainer on the mounted trainer.yaml; `launch_env` first, then NCCL's."""
-    env = (*launch_env, *job.spec.nccl.variables(), (PYTHONUNBUFFERED, "1"), (FAIL_FAST_ENV, fail_fast_reasons(job)))
+    env = (*launch_env, *job.spec.nccl.variables(), (PYTHONUNBUFFERED, "1"), (FAIL_FAST_ENV, fail_fast_reasons(job)),
+           *lease_env(job))
     return Container(
         command=COMMAND,
         args=tuple(trainer_args(CONFIG_PATH)),
@@ -123,6 +134,13 @@ def trainer_container(job: Job, launch_env: tuple[tuple[str, str], ...] = (), po
         volumes=volumes(job),
         ports=(*ports, Port(METRICS_PORT_NAME, METRICS_PORT)),
     )
+
+
+def lease_env(job: Job) -> tuple[tuple[str, str], ...]:
+    """Who holds the checkpoint volume (the job and its uid), and its claim: what a refused start names."""
+    claim = checkpoint_claim_name(job)
+    return ((LEASE_HOLDER_ENV, lease_holder(job.name, job.uid and f"uid {job.uid}")),
+            *(((CHECKPOINT_CLAIM_ENV, claim),) if claim else ()))
 
 
 def fail_fast_reasons(job: Job) -> str:

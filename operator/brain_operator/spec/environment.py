@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Iterator, Mapping
 
-from brain_trainer.contract import FAIL_FAST_ENV, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES
+from brain_trainer.contract import CHECKPOINT_CLAIM_ENV, FAIL_FAST_ENV, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, LEASE_HOLDER_ENV
 
 from .kube import ENV_NAME_PATTERN
 
@@ -20,7 +20,7 @@ NCCL_IB_DISABLE = "NCCL_IB_DISABLE"
 
 RESERVED_ENV_PREFIXES = LAUNCH_ENV_PREFIXES
 RESERVED_ENV_KEYS = (*LAUNCH_ENV_KEYS, PYTHONUNBUFFERED, SHARE_RDZV_STORE, NCCL_DEBUG, NCCL_SOCKET_IFNAME, NCCL_IB_DISABLE,
-                     FAIL_FAST_ENV)
+                     FAIL_FAST_ENV, LEASE_HOLDER_ENV, CHECKPOINT_CLAIM_ENV)
 
 
 def reserved_env_key(name: str) -> bool:

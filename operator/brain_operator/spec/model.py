@@ -224,6 +224,8 @@ class FailurePolicySpec:
     config_error: str = _action(FAIL_JOB, "the trainer refused its configuration")
     collective_timeout: str = _action(RESTART, "a collective timed out, or a peer vanished")
     stalled: str = _action(RESTART, "the hang watchdog stopped a rank that made no progress")
+    fenced: str = _action(FAIL_JOB, "a newer worker group or another job took the checkpoint volume: this group must "
+                          "not write it again")
     error: str = _action(RESTART, "anything else, including a pod that names no reason")
 
     def action(self, reason: str) -> str:

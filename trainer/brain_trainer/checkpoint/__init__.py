@@ -13,7 +13,8 @@ importing this package),
 shards (DCP reads and writes), state (TrainState), manager (policy),
 young_daly (the interval of intervalSteps auto), resume_from (where a run
 starts: latest, none or a step; torch-free), sample_log (opt-in per-step
-record of consumed samples, for resume checks).
+record of consumed samples, for resume checks), lease (one job per checkpoint
+folder, and the fencing generation of each worker group).
 """
 
 from ..lazy import lazy_exports

@@ -30,6 +30,7 @@ from ..contract import RUN_ID_ENV, STORAGE_FULL, restart_count
 from ..resilience.failures import Fatal, classify
 from ..schema import ConfigError, FieldError
 from . import resume_from, shards, store
+from .lease import VolumeLease
 from .state import TrainState, rng_key
 from .young_daly import FIRST_INTERVAL_STEPS, interval_steps
 
@@ -135,6 +136,12 @@ class CheckpointManager:
         self._save_group = dist.new_group(backend="gloo") if distributed else None
         self.group = dist.new_group(backend="gloo") if distributed else None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
+        # One job writes the folder at a time, and only the newest worker group commits (lease.py).
+        self._lease = VolumeLease(self.root, cfg.lease_seconds, rank=rank)
+
+    def _take_lease(self) -> None:
+        """Before the first restore or save (collective once; then nothing): the volume is this group's, or config-error."""
+        self._lease.acquire(lambda refusal: _broadcast(refusal, self.group))
 
     # -- resume --
 
@@ -146,6 +153,7 @@ class CheckpointManager:
         """
         if not self.cfg.enabled:
             return None
+        self._take_lease()
         step = self._restore(state)
         self._check_space("the next checkpoint")
         return step
@@ -217,6 +225,7 @@ class CheckpointManager:
         """Call after every optimizer step (state.step already advanced), with the vote if one was held there."""
         if not self.cfg.enabled:
             return
+        self._lease.raise_if_fenced()  # rank 0's renewals found a newer group: stop before more work
         saving = self.due(state.step)
         if vote is not None:
             if self.auto and vote.step_s > 0:
@@ -254,6 +263,7 @@ class CheckpointManager:
             if state.step != self._saved_step:
                 self._save(state, blocking=True)
             _barrier(self.group)  # rank 0 has committed before any rank returns
+        self._lease.release()  # a job re-created now takes the folder over at once
         self.close()
 
     def wait(self) -> None:
@@ -272,6 +282,7 @@ class CheckpointManager:
         if wait:
             self.wait()
         self._executor.shutdown(wait=wait)
+        self._lease.stop()  # not released: a failed group's lease expires, unless the same job starts again
         if self._hook is not None:
             self._hook.remove()
             if wait:  # else a save in flight may still be writing from the staged buffers
@@ -318,6 +329,7 @@ class CheckpointManager:
 
     def _save(self, state: TrainState, blocking: bool) -> None:
         waiting = time.perf_counter()
+        self._take_lease()
         self.wait()  # at most one save in flight
         self._check_space(f"the checkpoint of step {state.step}")
         started = time.perf_counter()
@@ -367,7 +379,8 @@ class CheckpointManager:
         if self.rank != 0:
             return
         final = self.root / store.step_dir_name(fields["step"])
-        manifest = store.commit(folder, final, fields)
+        self._lease.check()  # also before the manifest: a newer group's start may have removed this .tmp
+        manifest = store.commit(folder, final, {**fields, **self._lease.manifest_fields()}, self._lease.check)
         self.last_committed = (fields["step"], final)
         if self._requested is not None and self._requested[1] <= fields["step"]:
             self.answered, self._requested = self._requested, None

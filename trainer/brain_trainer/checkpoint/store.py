@@ -24,7 +24,7 @@ import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable
+from typing import Any, BinaryIO, Callable, Iterable
 
 from ..contract import CHECKPOINT_PREFIX, TMP_SUFFIX, format_time, step_dir_name, step_of
 from ..contract import MANIFEST_FILE as MANIFEST
@@ -132,12 +132,14 @@ def write_shard_sums(folder: Path, digests: dict[str, dict[str, Any]]) -> None:
         write_atomic(folder / (name + SUM_SUFFIX), json.dumps(digest))
 
 
-def commit(folder: Path, final: Path, fields: dict[str, Any]) -> dict[str, Any]:
+def commit(folder: Path, final: Path, fields: dict[str, Any],
+           before_rename: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Write the manifest into a fully written folder and rename it to its final name.
 
     `fields` are the caller's facts (step, world size, ...). Every file in the
     folder is listed with its size and checksum: shards from their ranks'
-    sidecars, the rest (DCP's .metadata) digested here.
+    sidecars, the rest (DCP's .metadata) digested here. `before_rename` may
+    still refuse the commit by raising (the lease's fencing check, lease.py).
     """
     files: dict[str, Any] = {}
     for path in sorted(folder.iterdir()):
@@ -149,6 +151,7 @@ def commit(folder: Path, final: Path, fields: dict[str, Any]) -> dict[str, Any]:
         sidecar.unlink()
     manifest = {"format": MANIFEST_FORMAT, **fields, "time": format_time(), "files": files}
     write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    before_rename()
     if final.exists():  # only an unloadable one (no valid manifest): a valid one would have been resumed
         shutil.rmtree(final)
     os.rename(folder, final)

@@ -224,6 +224,11 @@ class CheckpointConfig:
         "or a committed step; checkpoints in the way are moved aside into a set-aside-* folder, never deleted; "
         "applied once per run (its restarts continue from their own checkpoints)",
     )
+    lease_seconds: float = setting(
+        60.0, minimum=0, exclusive_minimum=True,
+        help="a running job holds its checkpoint folder by renewing a lease every quarter of this; another job may take "
+        "the folder once the lease is released (the job ended or was preempted) or this long after its last renewal",
+    )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         steps = self.interval_steps
