@@ -83,3 +83,35 @@ def test_a_full_checkpoint_volume_fails_the_run_with_storage_full_and_keeps_the_
         said = [contract.parse_termination((workdir / "termination" / f"local-minimal-worker-{i}").read_text())
                 for i in range(2)]
         assert said[0][0] == contract.STORAGE_FULL
+
+
+def test_resuming_with_another_vocabulary_fails_at_once_naming_the_setting(tmp_path):
+    """Issue 23: the same job (and so the same claim) run again with model.vocabSize changed fails as
+    config-error, naming the setting and the first tensor, without a restart of the runner's or torchrun's."""
+    job = yaml.safe_load(EXAMPLE.read_text())
+    job["spec"]["training"].update(steps=4, logInterval=2)
+    job["spec"]["checkpoint"].update(intervalSteps=0)
+    path, claims = tmp_path / "job.yaml", tmp_path / "claims"
+    claims.mkdir()
+    path.write_text(yaml.safe_dump(job))
+    first = run([BRAINTRAIN, "run", path, "--workdir", tmp_path / "first", "--claims", claims], timeout=240)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-4000:]
+    job["spec"]["model"]["vocabSize"] = 512
+    job["spec"]["training"]["steps"] = 8  # else the runner says the job is complete and starts nothing
+    path.write_text(yaml.safe_dump(job))
+    proc = run([BRAINTRAIN, "run", path, "--workdir", tmp_path / "second", "--claims", claims], timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    lines = out.splitlines()
+    status = next(i for i, line in enumerate(lines) if line.startswith("status:"))
+    assert "runPolicy.failurePolicy.configError: FailJob" in lines[status], lines[status]
+    assert lines[status + 1] == ("reason:      config-error: model.vocab_size: 512 here, unset in step-00000004 "
+                                 "(encoders.embed.weight [512, 64] here, [256, 64] there)"), lines[status + 1]
+    assert "restarts:    0" in lines and "restarting all workers" not in out and "resumed from" not in out
+    # Each trainer says it in one line, without a traceback (nor DCP's, once per rank). The only tracebacks are
+    # the torchrun agents' SignalException: BRAIN_FAIL_FAST stops them with SIGTERM, so that they restart nothing.
+    for pod in range(2):
+        assert out.count(f"[local-minimal-worker-{pod}] error: model.vocab_size: 512 here") == 1, out[-4000:]
+    assert out.count("Traceback") == out.count("SignalException: Process"), out[-4000:]
+    assert "Size mismatch" not in out and "CheckpointException" not in out
+    assert [c.step for c in store.list_checkpoints(claims / CLAIM)] == [4], "the checkpoint stays as it was"

@@ -10,7 +10,8 @@
 
 Modules: store (folder layout, manifest, commit, retention; torch-free, as is
 importing this package),
-shards (DCP reads and writes), state (TrainState), manager (policy),
+shards (DCP reads and writes), state (TrainState), manager (policy), compat (does a
+checkpoint fit this model; which settings changed),
 young_daly (the interval of intervalSteps auto), resume_from (where a run
 starts: latest, none or a step; torch-free), sample_log (opt-in per-step
 record of consumed samples, for resume checks), lease (one job per checkpoint
@@ -22,7 +23,7 @@ from .store import ManifestError, latest_checkpoint
 
 # These import torch; `store` (and so `latest_checkpoint`) does not.
 _LAZY = {
-    "CheckpointError": "manager",
+    "CheckpointError": "compat",
     "CheckpointManager": "manager",
     "load_model": "manager",
     "save_model": "manager",

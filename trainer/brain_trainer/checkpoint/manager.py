@@ -29,19 +29,15 @@ from ..config import AUTO, CheckpointConfig
 from ..contract import RUN_ID_ENV, STORAGE_FULL, restart_count
 from ..resilience.failures import Fatal, classify
 from ..schema import ConfigError, FieldError
-from . import resume_from, shards, store
+from . import compat, resume_from, shards, store
 from .lease import VolumeLease
-from .state import TrainState, rng_key
+from .state import MODEL_PREFIX, TrainState, rng_key
 from .young_daly import FIRST_INTERVAL_STEPS, interval_steps
 
 if TYPE_CHECKING:
     from ..resilience.preemption import Vote
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used for a reason a fallback would hide (e.g. another model)."""
 
 
 # -- collectives over a group, degrading to local values in a single process --
@@ -195,12 +191,22 @@ class CheckpointManager:
     def _load(self, state: TrainState, candidate: store.Candidate) -> None:
         manifest = candidate.manifest
         template = state.state_dict()
-        if rng_key(self.rank) not in shards.saved_keys(candidate.path):
+        saved = shards.saved_shapes(candidate.path)
+        if rng_key(self.rank) not in saved:
             template.pop("rng")  # more ranks than at save time: this one keeps its own RNG
+        # Before any load: every rank sees the same manifest and model, so all raise the same error, and
+        # the error names the setting (DCP would say "Size mismatch" once per rank, and a restart retries it).
+        misfit = compat.mismatch(manifest, self.manifest_fields, shards.tensor_shapes(template["model"]),
+                                 shards.tensor_shapes(saved, MODEL_PREFIX), candidate.path.name)
+        if misfit is not None:
+            raise misfit
         try:
             shards.load(template, candidate.path, self.group)
-        except Exception as exc:
-            raise CheckpointError(f"checkpoint {candidate.path} does not fit this model/optimizer: {exc}") from exc
+        except shards.LOAD_ERRORS as exc:
+            failure = compat.load_failure(candidate.path.name, exc)
+            if failure is None:
+                raise  # an I/O error, out of memory, a lost peer: classified as it is, and retried
+            raise failure from exc
         state.load_state_dict(template)
         if self.rank == 0:
             log.info(
@@ -208,8 +214,9 @@ class CheckpointManager:
                 candidate.path, state.step, state.sample_index, manifest.get("world_size"), self.world_size,
                 restart_count(),
             )
-            if manifest.get("config_hash") != self.config_hash:
-                log.warning("%s was written with config %s, this run has %s", candidate.path, manifest.get("config_hash"), self.config_hash)
+            changes = compat.changes(manifest, self.manifest_fields, self.config_hash, candidate.path.name)
+            if changes:
+                log.warning("%s", changes)
 
     # -- saving --
 

@@ -15,11 +15,12 @@ import warnings
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
@@ -158,8 +159,27 @@ class ShardReader(dcp.FileSystemReader):
         return True
 
 
-def saved_keys(folder: Path) -> set[str]:
-    return set(dcp.FileSystemReader(folder).read_metadata().state_dict_metadata)
+def saved_shapes(folder: Path) -> dict[str, Optional[tuple[int, ...]]]:
+    """Every key of a checkpoint with its tensor's global shape (None: not a tensor), from DCP's .metadata."""
+    metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    return {key: tuple(meta.size) if isinstance(meta, TensorStorageMetadata) else None for key, meta in metadata.items()}
+
+
+def tensor_shapes(entries: dict[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the tensors whose key starts with `prefix` (dropped): of saved_shapes, or of a state dict.
+
+    A state dict's DTensors give their global shapes, as DCP records them.
+    """
+    shapes = {}
+    for key, entry in entries.items():
+        shape = tuple(entry.shape) if isinstance(entry, torch.Tensor) else entry
+        if key.startswith(prefix) and isinstance(shape, tuple):  # not bytes, nor a module's extra state
+            shapes[key[len(prefix) :]] = shape
+    return shapes
+
+
+# What a failed `load` raises: DCP gathers every rank's error into a CheckpointException, a BaseException.
+LOAD_ERRORS = (Exception, CheckpointException)
 
 
 def load(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> None:

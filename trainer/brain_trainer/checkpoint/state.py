@@ -13,6 +13,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 
+MODEL_PREFIX = "model."  # the flattened checkpoint keys of the model's state dict (TrainState.state_dict)
+
+
 def rng_key(rank: int) -> str:
     """The flattened checkpoint key of one rank's RNG states."""
     return f"rng.rank{rank}"

@@ -245,7 +245,7 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     parameters = sum(p.numel() for p in model.parameters())
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash(),
-                             manifest_fields=manifest_fields(cfg.model, source), save_guard=watchdog.checkpointing,
+                             manifest_fields=manifest_fields(cfg, source), save_guard=watchdog.checkpointing,
                              checkpoint_bytes=checkpoint_bytes(parameters))
     # After finish() or a preemption it is closed already; after an error this does not wait for a save in flight.
     cleanup.callback(ckpt.close, wait=False)

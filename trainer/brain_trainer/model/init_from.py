@@ -19,21 +19,20 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from torch import nn
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from ..checkpoint import store
+from ..checkpoint import compat, shards, store
+from ..checkpoint.compat import first_difference
 from ..checkpoint.manager import load_model
-from ..config import ModelConfig
+from ..checkpoint.state import MODEL_PREFIX
+from ..config import TrainerConfig
 from ..schema import ConfigError, FieldError, to_dict
 from .safetensors_io import INDEX_FILE, SINGLE_FILE, SUFFIX, SafetensorsError, read_weights
 from .seeded_init import local_rows
 
 FIELD = "model.init_from"
-MODEL_PREFIX = "model."  # TrainState saves the model's state dict under "model"
 # What export writes into each safetensors file's metadata, so that a run started from it knows its origin.
 SOURCE_STEP_KEY = "brain_train.step"
 SOURCE_HASH_KEY = "brain_train.config_hash"
@@ -45,13 +44,15 @@ def init_from_error(path: Any, problem: str) -> ConfigError:
 
 def first_mismatch(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> Optional[str]:
     """The first tensor (in the model's order) whose name or shape differs; None when all match."""
-    for name, shape in expected.items():
-        if name not in found:
-            return f"has no tensor {name!r} (the model's is {list(shape)})"
-        if tuple(found[name]) != tuple(shape):
-            return f"tensor {name!r} has shape {list(found[name])}, the model's is {list(shape)}"
-    extra = next((name for name in found if name not in expected), None)
-    return None if extra is None else f"tensor {extra!r} is not in the model"
+    difference = first_difference(expected, found)
+    if difference is None:
+        return None
+    name, shape, theirs = difference
+    if shape is None:
+        return f"tensor {name!r} is not in the model"
+    if theirs is None:
+        return f"has no tensor {name!r} (the model's is {list(shape)})"
+    return f"tensor {name!r} has shape {list(theirs)}, the model's is {list(shape)}"
 
 
 class WeightSource(Protocol):
@@ -67,17 +68,12 @@ class CheckpointSource:
         self.folder = folder
         try:
             self.manifest = store.read_manifest(folder)
-            metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+            saved = shards.saved_shapes(folder)
         except store.ManifestError as exc:
             raise ConfigError([FieldError(FIELD, str(exc))]) from None
         except Exception as exc:  # DCP's .metadata missing or unreadable
             raise init_from_error(folder / ".metadata", f"unreadable ({type(exc).__name__}: {exc}): damaged") from None
-        found = {
-            key[len(MODEL_PREFIX) :]: tuple(meta.size)
-            for key, meta in metadata.items()
-            if key.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)
-        }
-        problem = first_mismatch(expected, found)
+        problem = first_mismatch(expected, shards.tensor_shapes(saved, MODEL_PREFIX))
         if problem:
             raise init_from_error(folder, problem)
 
@@ -160,9 +156,10 @@ def open_source(path_text: str, model: nn.Module) -> WeightSource:
     return source
 
 
-def manifest_fields(model_cfg: ModelConfig, source: Optional[WeightSource]) -> dict[str, Any]:
-    """What every checkpoint of this run records about its model: the model section, and where its weights started."""
-    fields: dict[str, Any] = {"model": to_dict(model_cfg)}
+def manifest_fields(cfg: TrainerConfig, source: Optional[WeightSource]) -> dict[str, Any]:
+    """What every checkpoint of this run records about its model and settings (the model section, the others
+    flattened, so that a resume can name what changed: checkpoint/compat.py), and where its weights started."""
+    fields: dict[str, Any] = {compat.MODEL: to_dict(cfg.model), compat.SETTINGS: compat.recorded(cfg)}
     if source is not None:
         fields["init_from"] = source.provenance()
     return fields

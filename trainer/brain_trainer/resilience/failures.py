@@ -59,7 +59,7 @@ class Fatal(Exception):
         self.line = line
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def causes(exc: BaseException) -> Iterator[BaseException]:
     """The exception, what caused it, and what a checkpoint failure wraps (DCP gathers every rank's error)."""
     seen: set[int] = set()
     todo = [exc]
@@ -95,7 +95,7 @@ def _is_collective(exc: BaseException) -> bool:
 
 def classify(exc: BaseException) -> tuple[str, str]:
     """(reason, one human line) for an exception that ends the trainer."""
-    chain = list(_chain(exc))
+    chain = list(causes(exc))
     for cause in chain:
         reason = getattr(cause, "reason", None)
         if reason in EXIT_CODES:
