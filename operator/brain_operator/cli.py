@@ -53,7 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .local import run_job
 
     manifest = load_manifest(args.file)
-    return run_job(manifest, base_dir=args.file.resolve().parent, workdir=args.workdir, claims=args.claims)
+    return run_job(manifest, base_dir=args.file.resolve().parent, workdir=args.workdir, claims=args.claims,
+                   defaults=OperatorDefaults.from_env())
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -84,7 +85,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate_lines
 
-    job = parse_job(load_manifest(args.file), require_image=False)
+    job = parse_job(load_manifest(args.file), require_image=False, defaults=OperatorDefaults.from_env())
     check_storage(job)
     print("\n".join(estimate_lines(job, device_memory_gib=args.device_memory)))
     return 0

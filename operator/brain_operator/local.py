@@ -52,7 +52,7 @@ from .local_plan import (
     process_env,
 )
 from .render.workers import run_id
-from .spec import parse_job
+from .spec import OperatorDefaults, parse_job
 from .spec.model import FAIL_JOB, RESTART
 from .stalled import quiet
 from .storage import check_storage, local_shortfall
@@ -86,11 +86,13 @@ def planner(
     workdir: Optional[Path],
     metrics_port: int,
     claims: Optional[Path] = None,
+    defaults: Optional[OperatorDefaults] = None,
 ) -> Callable[[], LocalPlan]:
-    """Validate the manifest (ConfigError names the field) and return plan(): each call the plan of a new
-    attempt, with a rendezvous file of its own (a file named after no earlier attempt, even a crashed runner's)."""
+    """Validate the manifest (ConfigError names the field; `defaults` as for `braintrain validate`) and return
+    plan(): each call the plan of a new attempt, with a rendezvous file of its own (a file named after no earlier
+    attempt, even a crashed runner's)."""
     job = localize(
-        parse_job(manifest, require_image=False), base_dir=base_dir, stdlib=Path(sysconfig.get_paths()["stdlib"])
+        parse_job(manifest, require_image=False, defaults=defaults), base_dir=base_dir, stdlib=Path(sysconfig.get_paths()["stdlib"])
     )
     folder = (workdir or Path("runs") / job.name).resolve()
     claims_folder = (claims or CLAIMS_DIR).resolve()
@@ -438,13 +440,14 @@ def run_job(
     workdir: Optional[Path] = None,
     claims: Optional[Path] = None,
     stream: TextIO = sys.stdout,
+    defaults: Optional[OperatorDefaults] = None,
 ) -> int:
     """Run the job's workers locally; the exit code is 0 only when it succeeded."""
     # One metrics port for the whole run (trainer.yaml, which carries it, is written once), held until the
     # run ends so that nobody takes it before a rank 0 listens on it, at any attempt.
     with held_port() as metrics_port:
-        return _run(planner(manifest, base_dir=base_dir, workdir=workdir, metrics_port=metrics_port, claims=claims),
-                    stream)
+        return _run(planner(manifest, base_dir=base_dir, workdir=workdir, metrics_port=metrics_port, claims=claims,
+                            defaults=defaults), stream)
 
 
 def _run(plan_for: Callable[[], LocalPlan], stream: TextIO) -> int:

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from brain_operator.names import JOB_NAME_LABEL
 from brain_operator.render import render
-from brain_operator.spec import OperatorDefaults, parse_job
+from brain_operator.spec import OperatorDefaults, OverlayPolicy, parse_job
 from brain_trainer.contract import METRICS_PATH, METRICS_PORT_NAME
-from brain_trainer.schema import ConfigError
+from brain_trainer.schema import ConfigError, openapi_schema, to_dict
 from chart_render import CHART, REPO, only, render_objects
 from processes import run
 from upstream_crds import crd_schemas, violations
@@ -390,3 +390,25 @@ def test_trainer_pull_secrets_reach_every_job_through_the_operator(version):
     with helm.Chart.load(CHART) as chart:
         with pytest.raises(helm.HelmValuesError, match="/trainer/imagePullSecrets/0"):
             chart.render({"trainer": {"imagePullSecrets": ["org-registry"]}}, name="brain", namespace="brain-system")
+
+
+# ---- the overlay policy (issue 28): the chart's podOverlayPolicy is the operator's OverlayPolicy ----
+
+
+def test_the_overlay_policy_values_are_the_operators_setting_declared_once():
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["podOverlayPolicy"]
+    assert schema == {**openapi_schema(OverlayPolicy), "additionalProperties": False}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["podOverlayPolicy"]
+    assert values == to_dict(OverlayPolicy(), camel_case=True)  # every setting, each off
+
+
+def test_the_overlay_policy_reaches_the_operator_as_it_reads_it():
+    assert OperatorDefaults.from_env(_operator_env(render_objects())).overlay_policy == OverlayPolicy()
+    values = {"podOverlayPolicy": {"capabilities": ["IPC_LOCK"], "hostPaths": ["/mnt/datasets"], "serviceAccounts": ["brain-trainer"]}}
+    policy = OperatorDefaults.from_env(_operator_env(render_objects(values))).overlay_policy
+    assert policy == OverlayPolicy(capabilities=["IPC_LOCK"], host_paths=["/mnt/datasets"], service_accounts=["brain-trainer"])
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmValuesError, match="additional properties 'hostPID' not allowed"):
+            chart.render({"podOverlayPolicy": {"hostPID": True}}, name="brain", namespace="brain-system")
+        with pytest.raises(helm.HelmValuesError, match="/podOverlayPolicy/privileged"):
+            chart.render({"podOverlayPolicy": {"privileged": "yes"}}, name="brain", namespace="brain-system")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 from brain_operator.render import render
-from brain_operator.spec import OperatorDefaults, parse_job
+from brain_operator.spec import OperatorDefaults, OverlayPolicy, parse_job
 from chart_render import REPO, only, render_objects
 from pod_security import restricted_violations
 
@@ -125,11 +126,13 @@ def test_a_pod_overlay_leaves_the_restricted_profile_only_where_it_asks_to(backe
     overlay["containers"].append({"name": "metrics-relay", "image": "example/relay:1", "args": ["--port", "8081"]})
     overlay.update(automountServiceAccountToken=True, dnsPolicy="Default", runtimeClassName="nvidia")
     trainer = "trainer" if backend == "elastic" else "pytorch"
-    for name, spec, annotations in _pod_specs(render(parse_job(manifest, defaults=DEFAULTS))):
+    # The token, IPC_LOCK and the host's network each need the operator's overlay policy to allow them.
+    defaults = replace(DEFAULTS, overlay_policy=OverlayPolicy(service_account_token=True, capabilities=["IPC_LOCK"], host_network=True))
+    for name, spec, annotations in _pod_specs(render(parse_job(manifest, defaults=defaults))):
         assert restricted_violations(spec, annotations) == [], name
     overlay["containers"][0]["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     overlay["hostNetwork"] = True
-    for name, spec, annotations in _pod_specs(render(parse_job(manifest, defaults=DEFAULTS))):
+    for name, spec, annotations in _pod_specs(render(parse_job(manifest, defaults=defaults))):
         assert restricted_violations(spec, annotations) == [
             "spec.hostNetwork: must be unset or false",
             f"containers[{trainer}].securityContext.capabilities.add: ['IPC_LOCK'] not allowed",

@@ -18,7 +18,7 @@ from brain_operator import crd
 from brain_operator.cli import main
 from brain_operator.reconcile import reconcile
 from brain_operator.render import render
-from brain_operator.spec import ConfigError, OperatorDefaults, parse_job
+from brain_operator.spec import ConfigError, OperatorDefaults, OverlayPolicy, parse_job
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 OVERLAY = {
@@ -55,6 +55,12 @@ OVERLAY = {
 }
 
 
+# The overlay policy these overlays need: a ServiceAccount of their own, and ASKED's token, capability and
+# host network (test_overlay_policy.py: each refused without its setting).
+POLICY = OverlayPolicy(service_accounts=["trainer"], service_account_token=True, capabilities=["IPC_LOCK"], host_network=True)
+ALLOWING = OperatorDefaults(overlay_policy=POLICY)
+
+
 def manifest(overlay=None, **spec):
     return {
         "apiVersion": "brain.ai/v1alpha1",
@@ -82,7 +88,7 @@ def pod_templates(objects):
 
 @pytest.mark.parametrize("backend", ["elastic", "pytorchjob"])
 def test_every_overlay_field_reaches_every_pod_merged_with_the_operators(backend):
-    templates = list(pod_templates(render(parse_job(manifest(backend=backend)))))
+    templates = list(pod_templates(render(parse_job(manifest(backend=backend), defaults=ALLOWING))))
     assert templates
     for meta, spec, trainer_name in templates:
         assert meta["labels"]["team"] == "vision" and meta["labels"]["brain.ai/job-name"] == "ov"
@@ -116,13 +122,13 @@ ASKED = {"spec": {
 @pytest.mark.parametrize("backend", ["elastic", "pytorchjob"])
 def test_pods_with_every_overlay_field_pass_strict_kubernetes_schemas(backend, version):
     for overlay in (OVERLAY, ASKED):
-        for obj in render(parse_job(manifest(overlay, backend=backend))):
+        for obj in render(parse_job(manifest(overlay, backend=backend), defaults=ALLOWING)):
             for checked in _checked_objects(obj):
                 assert kubernetes_validate.validate(checked, version, strict=True) == version
 
 
 def test_token_capabilities_and_host_network_only_when_asked():
-    pod = next(o for o in render(parse_job(manifest(ASKED))) if o["kind"] == "Pod")
+    pod = next(o for o in render(parse_job(manifest(ASKED), defaults=ALLOWING)) if o["kind"] == "Pod")
     assert pod["spec"]["automountServiceAccountToken"] is True
     assert pod["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
     # On the host's network the workers still resolve each other (the rendezvous host).
@@ -132,7 +138,7 @@ def test_token_capabilities_and_host_network_only_when_asked():
 
 
 def test_the_charts_pull_secrets_reach_every_job_merged_by_name():
-    defaults = OperatorDefaults(image_pull_secrets=("org-registry", "regcred"))
+    defaults = OperatorDefaults(image_pull_secrets=("org-registry", "regcred"), overlay_policy=POLICY)
     job = parse_job(manifest(), defaults=defaults)
     pod = next(o for o in render(job) if o["kind"] == "Pod")
     # regcred, in both lists, appears once.

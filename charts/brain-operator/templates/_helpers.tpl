@@ -149,4 +149,6 @@ brain_operator.spec.OperatorDefaults.from_env reads.
   value: {{ .Values.trainer.ncclEnv | toJson | quote }}
 - name: BRAIN_TRAINER_IMAGE_PULL_SECRETS
   value: {{ .Values.trainer.imagePullSecrets | toJson | quote }}
+- name: BRAIN_POD_OVERLAY_POLICY
+  value: {{ .Values.podOverlayPolicy | toJson | quote }}
 {{- end }}

@@ -13,6 +13,7 @@ brain_operator.resource, re-exported here. Each module has one job:
     owned        what the operator owns in a worker pod (names the overlay may not use)
     corev1       Kubernetes' core/v1 schemas for the pod overlay, and a checker
     overlay      spec.podTemplate: the pod overlay and its rules
+    overlay_policy  what the overlay may ask for beyond the safe settings (the chart's podOverlayPolicy)
     derive       what follows from a job (size, backend, strategy, trainer.yaml)
 """
 
@@ -33,6 +34,7 @@ from .derive import (
 )
 from .environment import RESERVED_ENV_KEYS, RESERVED_ENV_PREFIXES, reserved_env_key
 from .model import JOB_BACKENDS, CheckpointSpec, Job, JobSpec
+from .overlay_policy import OverlayPolicy
 from .parse import parse_job
 from ..resource import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
 
@@ -54,6 +56,7 @@ __all__ = [
     "Job",
     "JobSpec",
     "OperatorDefaults",
+    "OverlayPolicy",
     "effective_batch_size",
     "is_elastic",
     "node_range",

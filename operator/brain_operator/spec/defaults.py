@@ -7,10 +7,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from brain_trainer.schema import ConfigError, FieldError
+from brain_trainer.schema import ConfigError, FieldError, from_dict
 
 from .environment import check_env
 from .kube import PULL_POLICIES
+from .overlay_policy import OverlayPolicy
 
 
 @dataclass(frozen=True)
@@ -22,16 +23,20 @@ class OperatorDefaults:
     nccl_env: Mapping[str, str] = field(default_factory=dict)
     # Secrets every job's pods pull with, besides the job's own spec.podTemplate.spec.imagePullSecrets.
     image_pull_secrets: tuple[str, ...] = ()
+    # What spec.podTemplate may ask of the worker pods (the chart's podOverlayPolicy); unset, nothing beyond the safe settings.
+    overlay_policy: OverlayPolicy = field(default_factory=OverlayPolicy)
 
     ENV_IMAGE = "BRAIN_TRAINER_IMAGE"
     ENV_PULL_POLICY = "BRAIN_TRAINER_IMAGE_PULL_POLICY"
     ENV_NCCL = "BRAIN_NCCL_ENV"
     ENV_PULL_SECRETS = "BRAIN_TRAINER_IMAGE_PULL_SECRETS"
+    ENV_OVERLAY_POLICY = "BRAIN_POD_OVERLAY_POLICY"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "OperatorDefaults":
-        """Read BRAIN_TRAINER_IMAGE, BRAIN_TRAINER_IMAGE_PULL_POLICY, BRAIN_NCCL_ENV (a JSON object) and
-        BRAIN_TRAINER_IMAGE_PULL_SECRETS (a JSON list of {name: ...}, as the chart's values write it)."""
+        """Read BRAIN_TRAINER_IMAGE, BRAIN_TRAINER_IMAGE_PULL_POLICY, BRAIN_NCCL_ENV (a JSON object),
+        BRAIN_TRAINER_IMAGE_PULL_SECRETS (a JSON list of {name: ...}, as the chart's values write it) and
+        BRAIN_POD_OVERLAY_POLICY (the chart's podOverlayPolicy as a JSON object)."""
         errors: list[FieldError] = []
         policy = environ.get(cls.ENV_PULL_POLICY) or None
         if policy is not None and policy not in PULL_POLICIES:
@@ -48,10 +53,12 @@ class OperatorDefaults:
                 nccl_env = {}
             errors.extend(FieldError(cls.ENV_NCCL, message) for _, message in check_env(nccl_env, cls.ENV_NCCL))
         secrets = _pull_secrets(environ.get(cls.ENV_PULL_SECRETS, "").strip(), errors)
+        overlay_policy = _overlay_policy(environ.get(cls.ENV_OVERLAY_POLICY, "").strip(), errors)
         if errors:
             raise ConfigError(errors)
         return cls(
-            image=environ.get(cls.ENV_IMAGE) or None, image_pull_policy=policy, nccl_env=nccl_env, image_pull_secrets=secrets
+            image=environ.get(cls.ENV_IMAGE) or None, image_pull_policy=policy, nccl_env=nccl_env, image_pull_secrets=secrets,
+            overlay_policy=overlay_policy,
         )
 
 
@@ -67,3 +74,15 @@ def _pull_secrets(raw: str, errors: list[FieldError]) -> tuple[str, ...]:
         errors.append(FieldError(OperatorDefaults.ENV_PULL_SECRETS, f"must be a JSON list of {{\"name\": SECRET}}, got {raw!r}"))
         return ()
     return tuple(names)
+
+
+def _overlay_policy(raw: str, errors: list[FieldError]) -> OverlayPolicy:
+    if not raw:
+        return OverlayPolicy()
+    try:
+        return from_dict(OverlayPolicy, json.loads(raw), path=OperatorDefaults.ENV_OVERLAY_POLICY, camel_case=True)
+    except json.JSONDecodeError as exc:
+        errors.append(FieldError(OperatorDefaults.ENV_OVERLAY_POLICY, f"must be a JSON object: {exc.msg}"))
+    except ConfigError as exc:
+        errors.extend(exc.errors)
+    return OverlayPolicy()

@@ -11,6 +11,7 @@ path; render/overlay.py merges the rest (docs/operator.md, "The pod overlay").
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -164,8 +165,18 @@ def job_problems(overlay: PodTemplateOverlay, checkpoint_mount: str, priority_cl
 
 
 def within(path: str, mount: str) -> bool:
-    inner, outer = PurePosixPath(path), PurePosixPath(mount)
+    """`path` is `mount` or below it, once both are normalised (`/checkpoints/../etc/brain` is `/etc/brain`)."""
+    inner, outer = PurePosixPath(_normal(path)), PurePosixPath(_normal(mount))
     return inner == outer or outer in inner.parents
+
+
+def _normal(path: str) -> str:
+    """`path` as the node resolves it: `.`, `..` and repeated slashes folded.
+
+    posixpath keeps a leading `//` (POSIX leaves its meaning open); Linux reads it as `/`.
+    """
+    normal = posixpath.normpath(path)
+    return "/" + normal.lstrip("/") if normal.startswith("/") else normal
 
 
 def _valid_key(key: str) -> bool:

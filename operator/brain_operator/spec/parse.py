@@ -11,6 +11,7 @@ from ..names import CHECKPOINT_NOW_ANNOTATION, worker_pod_name
 from .defaults import OperatorDefaults
 from .kube import DNS_LABEL_MAX, NAME_PATTERN, NAMESPACE_PATTERN
 from .model import Job, JobSpec
+from .overlay_policy import policy_problems
 from ..resource import API_VERSION, KIND
 
 _TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
@@ -20,7 +21,8 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
     """Validate a BrainTrainingJob manifest into a Job, or raise ConfigError naming every bad field.
 
     `require_image=False` serves the local runner, which runs the trainer from
-    this checkout. `defaults` fill the image, pull policy and NCCL env a job omits.
+    this checkout. `defaults` fill the image, pull policy and NCCL env a job omits,
+    and bound its pod overlay (without them, by the safe default policy).
     """
     if not isinstance(manifest, Mapping):
         raise ConfigError([FieldError("", f"a BrainTrainingJob must be a mapping, got {type(manifest).__name__}")])
@@ -98,4 +100,6 @@ def _spec(data: Any, defaults: Optional[OperatorDefaults], errors: list[FieldErr
             *({"name": name} for name in defaults.image_pull_secrets if name not in own),
             *overlay.image_pull_secrets,
         ]
+    policy = (defaults or OperatorDefaults()).overlay_policy
+    errors.extend(FieldError(f"spec.podTemplate.{path}", message) for path, message in policy_problems(spec.pod_template, policy))
     return spec
