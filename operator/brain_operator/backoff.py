@@ -3,7 +3,8 @@
 Two users: the cluster client, which retries one API call on 429, 5xx and
 timeouts (honouring the server's Retry-After), and the handlers, which
 reconcile a job again soon after a pass failed instead of leaving it to the
-periodic resync. Jitter keeps a fleet of jobs from retrying in lockstep
+periodic resync, or in minutes after a create the API server refused
+(nothing changes until the job or the namespace does). Jitter keeps a fleet of jobs from retrying in lockstep
 against an API server that is just coming back.
 """
 
@@ -40,28 +41,40 @@ def retry_after(value: Optional[str]) -> Optional[float]:
 
 
 class JobRetries:
-    """Which jobs to reconcile again after a failed pass, and when (thread-safe; times from the caller's clock)."""
+    """Which jobs to reconcile again after a failed pass, and when (thread-safe; times from the caller's clock).
 
-    def __init__(self, backoff: Backoff, rng: Callable[[], float] = random.random) -> None:
-        self._backoff = backoff
+    A transient failure waits `backoff`; a refusal waits `refusal`, and until then `holds` the job back from the
+    resync too.
+    """
+
+    def __init__(self, backoff: Backoff, refusal: Backoff, rng: Callable[[], float] = random.random) -> None:
+        self._backoff, self._refusal = backoff, refusal
         self._rng = rng
         self._lock = threading.Lock()
         self._attempts: dict[tuple[str, str], int] = {}
         self._due: dict[tuple[str, str], float] = {}
+        self._refused: set[tuple[str, str]] = set()
 
-    def failed(self, job: tuple[str, str], now: float) -> float:
-        """Schedule the job's next attempt; returns the delay chosen."""
+    def failed(self, job: tuple[str, str], now: float, *, refused: bool = False) -> float:
+        """Schedule the job's next attempt (`refused`: after a refusal); returns the delay chosen."""
         with self._lock:
             attempt = self._attempts.get(job, 0)
             self._attempts[job] = attempt + 1
-            delay = self._backoff.delay(attempt, self._rng)
+            delay = (self._refusal if refused else self._backoff).delay(attempt, self._rng)
             self._due[job] = now + delay
+            (self._refused.add if refused else self._refused.discard)(job)
             return delay
 
     def succeeded(self, job: tuple[str, str]) -> None:
         with self._lock:
             self._attempts.pop(job, None)
             self._due.pop(job, None)
+            self._refused.discard(job)
+
+    def holds(self, job: tuple[str, str], now: float) -> bool:
+        """Whether a refusal's wait for the job is not over: the resync leaves it to its scheduled attempt."""
+        with self._lock:
+            return job in self._refused and self._due.get(job, now) > now
 
     def take_due(self, now: float) -> list[tuple[str, str]]:
         """The jobs whose attempt is due, no longer scheduled (a new failure schedules them again)."""

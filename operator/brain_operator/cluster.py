@@ -10,7 +10,10 @@ jittered exponential backoff (honouring Retry-After) for a bounded time,
 then fails with `ApiUnavailable` naming the call; the handlers retry the
 whole job soon after (handlers.py). A create answered 409 AlreadyExists is
 "exists already"; any other 409 is a `Conflict`, on which reconcile re-reads
-and plans again.
+and plans again. Any other 4xx on a create (403 from Pod Security Admission
+or a quota, 422 from validation, 400, 404) is `Refused`, carrying the API
+server's code, reason and message: trying again changes nothing until the
+job or the namespace does.
 """
 
 from __future__ import annotations
@@ -59,6 +62,23 @@ class ApiUnavailable(RuntimeError):
 
 class Conflict(RuntimeError):
     """A create answered 409 for another reason than an existing name: re-read and plan again."""
+
+
+class Refused(RuntimeError):
+    """A create the API server refused for good (4xx but 409 and 429): its code, reason and message, as sent."""
+
+    def __init__(self, what: str, code: int, reason: str, message: str) -> None:
+        super().__init__(f"{what}: {code} {reason}: {message}")
+        self.code, self.reason, self.message = code, reason, message
+
+    @classmethod
+    def of(cls, what: str, code: int, body: Any) -> "Refused":
+        """From the Status object the API server answers with (`body`, JSON text or parsed); its message names
+        the object, the policy and the field, as `kubectl` shows it."""
+        status = _status(body)
+        reason = status.get("reason") if isinstance(status.get("reason"), str) else ""
+        message = status.get("message") if isinstance(status.get("message"), str) else ""
+        return cls(what, code, reason or "Refused", message or f"the API server answered {code}")
 
 
 @dataclass(frozen=True, order=True)
@@ -188,9 +208,14 @@ class KubernetesClient:
                 body=dict(obj), namespace=ref.namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS))
         except ConflictError as err:
             # A retry of a create the server carried out also lands here, as AlreadyExists.
-            if _status_reason(err) == ALREADY_EXISTS:
+            if _status(err.body).get("reason") == ALREADY_EXISTS:
                 return False
             raise Conflict(f"create {ref}: {err.summary()}") from err
+        except DynamicApiError as err:
+            # _call let it through: not retried, so a 4xx the object itself (or the namespace) brought on.
+            if err.status is not None and 400 <= err.status < 500:
+                raise Refused.of(f"create {ref}", err.status, err.body) from err
+            raise
         return True
 
     def delete(self, ref: ObjectRef) -> None:
@@ -246,10 +271,10 @@ class KubernetesClient:
             job_logger(log, meta["namespace"], meta["name"]).warning("could not post event %s: %s", event.reason, err)
 
 
-def _status_reason(err: DynamicApiError) -> str:
-    """The `reason` of the Status object an API error carries ("" when it carries none)."""
+def _status(body: Any) -> dict[str, Any]:
+    """The Status object an API error carries ({} when it carries none)."""
     try:
-        status = json.loads(err.body or "{}")
-    except (TypeError, ValueError):
-        return ""
-    return status.get("reason", "") if isinstance(status, dict) else ""
+        status = json.loads(body or "{}") if isinstance(body, (str, bytes)) else body
+    except ValueError:
+        return {}
+    return status if isinstance(status, dict) else {}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from .failure_policy import consequence, explain
-from .job_status import FAILED, RESTARTING, JobStatus
+from .job_status import CREATE_REFUSED, FAILED, RESTARTING, JobStatus
 from .pods import terminated_states
 from .spec.model import FailurePolicySpec
 
@@ -75,3 +75,12 @@ def compute_events(
 def _phase_message(status: JobStatus) -> str:
     condition = status.condition(status.phase) if status.phase else None
     return (condition.message if condition else None) or ""
+
+
+def refusal_event(before: JobStatus, status: JobStatus) -> Optional[Event]:
+    """A Warning FailedCreate with the API server's message, once per distinct message (a pass that is refused
+    again the same way adds nothing to `kubectl describe`)."""
+    new, old = status.condition(CREATE_REFUSED), before.condition(CREATE_REFUSED)
+    if new is None or (old is not None and old.message == new.message):
+        return None
+    return Event(WARNING, new.reason or "FailedCreate", new.message or "")

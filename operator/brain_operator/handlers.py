@@ -8,13 +8,19 @@ lock: child events and job events arrive on different kopf workers, and a
 stale copy of the status must never be written back (restarts only grow).
 The resync's pass also asks rank 0 for its progress document (step, loss,
 throughput, last checkpoint), which the plan copies into status with the
-rest: one pass, one status write.
+rest: one pass, one status write. The document is asked for before the
+pass, outside the job's lock, for every job at once within one budget, and
+each fetch has a total deadline: a worker that answers byte by byte costs
+its own job's document, never another job's pass.
 
 Children are watched with a server-side label selector and kept in kopf
 indexes (children.py), which reconcile reads instead of listing. A pass
 that fails (the API server down, throttling past the client's retries) is
 tried again for that job after a short jittered backoff (`retry_forever`):
-kopf drops the errors of event handlers, and the resync is 30 s away.
+kopf drops the errors of event handlers, and the resync is 30 s away. A
+create the API server refused (the job shows CreateRefused and a
+FailedCreate event) is tried again in minutes, and the resync leaves it be
+until then.
 
 kopf keeps its bookkeeping in annotations under the `brain.ai/` prefix, not
 in `status`. There is no finalizer: children carry owner references and
@@ -28,9 +34,10 @@ import asyncio
 import http.client
 import json
 import logging
+import socket
 import threading
 import time
-import urllib.request
+import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -42,14 +49,14 @@ from brain_trainer.contract import METRICS_PORT, PROGRESS_PATH
 from . import __version__
 from .backoff import Backoff, JobRetries
 from .children import WATCH_SELECTOR, WATCHED, observed_child
-from .cluster import ClusterClient, KubernetesClient
+from .cluster import ClusterClient, KubernetesClient, Refused
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
 from .names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
 from .pods import RUNNING as POD_RUNNING
 from .progress import POLL_SECONDS
-from .reconcile import Observed, deletion_events, reconcile
+from .reconcile import Observed, deletion_events, progress_pods, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults
 
 log = logging.getLogger(__name__)
@@ -57,28 +64,58 @@ log = logging.getLogger(__name__)
 # How often every job is reconciled even when nothing happened: it enforces
 # activeDeadlineSeconds and ttlSecondsAfterFinished, and heals missed events.
 RESYNC_SECONDS = POLL_SECONDS
-# A worker that does not answer in time is skipped until the next resync.
-PROGRESS_TIMEOUT_SECONDS = 2.0
+# A worker that has not answered in full by then, connection to last byte, is skipped until the next resync.
+PROGRESS_DEADLINE_SECONDS = 2.0
 # A progress document is a few hundred bytes; a worker answering more is not trusted with the operator's memory.
 PROGRESS_MAX_BYTES = 64 * 1024
+# How long one resync waits for all its jobs' progress documents together; a job without one by then is
+# reconciled without it.
+POLL_BUDGET_SECONDS = 10.0
+# Progress documents asked for at once (each ask holds a thread while it waits).
+POLL_CONCURRENCY = 16
 # A job whose reconcile failed is tried again after about 0.5, 1, 2, then every 3 s until it succeeds.
 JOB_RETRY_BACKOFF = Backoff(base=0.5, cap=3.0)
+# A job whose create the API server refused is tried again after 1-2, 2-4, ... up to 15 minutes: the refusal
+# stands until someone changes the job (which reconciles it at once) or the namespace (its policy, its quota).
+REFUSAL_BACKOFF = Backoff(base=120.0, cap=900.0)
 
 
-def fetch_json(url: str) -> Optional[dict[str, Any]]:
-    """GET a JSON object; None when the worker is unreachable or answers garbage (or too much)."""
+def fetch_json(url: str, deadline: float = PROGRESS_DEADLINE_SECONDS) -> Optional[dict[str, Any]]:
+    """GET a JSON object within `deadline` seconds in all; None when the worker is unreachable, slow, or answers
+    garbage (or too much)."""
+    parts = urllib.parse.urlsplit(url)
+    # The socket timeout bounds each read, not their sum: a reply trickled out a byte at a time would hold the
+    # caller for as long as the worker likes. The timer shuts the connection at the deadline, whatever is read.
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=deadline)
+    cut = threading.Event()
+    timer = threading.Timer(deadline, _cut_off, (connection, cut))
+    timer.start()
     try:
-        with urllib.request.urlopen(url, timeout=PROGRESS_TIMEOUT_SECONDS) as response:  # noqa: S310 - http to a pod IP
-            body = response.read(PROGRESS_MAX_BYTES + 1)
+        connection.request("GET", parts.path or "/")
+        response = connection.getresponse()
+        body = response.read(PROGRESS_MAX_BYTES + 1) if response.status == 200 else b""
     except (OSError, ValueError, http.client.HTTPException):  # HTTPException: not HTTP, or cut short
         return None
-    if len(body) > PROGRESS_MAX_BYTES:
+    finally:
+        timer.cancel()
+        connection.close()
+    if cut.is_set() or not body or len(body) > PROGRESS_MAX_BYTES:
         return None
     try:
         doc = json.loads(body)
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def _cut_off(connection: http.client.HTTPConnection, cut: threading.Event) -> None:
+    cut.set()
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the read blocked in the fetching thread
+        except OSError:
+            pass  # closed by the fetch meanwhile
 
 
 def progress_urls(pods: Sequence[Mapping[str, Any]], port: int) -> list[str]:
@@ -105,10 +142,14 @@ class Context:
     fetch: Callable[[str], Optional[dict[str, Any]]] = fetch_json
     # The children as the watches saw them (kopf's indexes, from startup); None lists them from the API server.
     observed: Optional[Observed] = None
-    retries: JobRetries = field(default_factory=lambda: JobRetries(JOB_RETRY_BACKOFF))
+    retries: JobRetries = field(default_factory=lambda: JobRetries(JOB_RETRY_BACKOFF, REFUSAL_BACKOFF))
+    # One resync's wait for all its progress documents.
+    poll_budget: float = POLL_BUDGET_SECONDS
     # Tells `retry_forever` that a job was scheduled (set by it; callable from any thread).
     wake: Callable[[], None] = lambda: None
     _jobs: set[tuple[str, str]] = field(default_factory=set)
+    # Each job as its last pass left it (the status as written): what the next resync's progress ask starts from.
+    _seen: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     _locks: defaultdict = field(default_factory=lambda: defaultdict(threading.Lock))
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -119,40 +160,80 @@ class Context:
     def remember(self, namespace: str, name: str, exists: bool) -> None:
         with self._guard:
             (self._jobs.add if exists else self._jobs.discard)((namespace, name))
+            if not exists:
+                self._seen.pop((namespace, name), None)
+
+    def saw(self, manifest: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        meta = manifest["metadata"]
+        with self._guard:
+            self._seen[(meta["namespace"], meta["name"])] = {**manifest, "status": status}
+
+    def last_seen(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        with self._guard:
+            return self._seen.get((namespace, name))
 
     def known_jobs(self) -> list[tuple[str, str]]:
         with self._guard:
             return sorted(self._jobs)
 
     def rank0_progress(self, pods: Sequence[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
-        """Rank 0's progress document: the first worker that answers holds rank 0 (the others serve nothing)."""
-        return next(filter(None, map(self.fetch, progress_urls(pods, METRICS_PORT))), None)
+        """Rank 0's progress document: the first worker that answers holds rank 0 (the others serve nothing).
+
+        Workers are asked one after another until one answers or a deadline's worth of time has gone.
+        """
+        give_up = time.monotonic() + PROGRESS_DEADLINE_SECONDS
+        for url in progress_urls(pods, METRICS_PORT):
+            doc = self.fetch(url)
+            if doc is not None or time.monotonic() >= give_up:
+                return doc
+        return None
 
 
-def reconcile_job(context: Context, namespace: str, name: str, *, poll: bool = False) -> Optional[dict[str, Any]]:
+def poll_progress(context: Context, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    """Rank 0's document for a job its last pass left running, asked for without the job's lock: no pass waits on
+    a worker. None before the job's first pass."""
+    manifest = context.last_seen(namespace, name)
+    if manifest is None:
+        return None
+    return context.rank0_progress(progress_pods(manifest, context.client, context.defaults, context.observed))
+
+
+def reconcile_job(
+    context: Context, namespace: str, name: str, *, poll: bool = False, progress: Optional[dict[str, Any]] = None
+) -> Optional[dict[str, Any]]:
     """Reconcile the job as it is now in the API server; None when it is gone.
 
-    `poll` (the resync) asks rank 0 for its progress too: once per resync,
-    and never on a pod event, whose pass an unresponsive worker would hold up.
+    `progress` is rank 0's document, asked for beforehand; `poll` asks for
+    it first (`poll_progress`). The resync does, never a pod event, whose
+    pass an unresponsive worker would hold up.
     """
+    if poll:
+        progress = poll_progress(context, namespace, name)
     with context.lock(namespace, name), context.metrics.reconcile():
         manifest = context.client.get_job(namespace, name)
         context.remember(namespace, name, manifest is not None)
         status = None if manifest is None else reconcile(
-            manifest, context.client, context.clock(), context.defaults, context.observed,
-            context.rank0_progress if poll else None,
+            manifest, context.client, context.clock(), context.defaults, context.observed, progress,
         )
+        if manifest is not None and status is not None:
+            context.saw(manifest, status)
         # Under the job's lock: a slower reconcile must not record its older phase after a newer one.
         context.metrics.observe_phase(namespace, name, None if status is None else status.get("phase"))
     return status
 
 
-def handle(context: Context, namespace: str, name: str) -> None:
-    """Reconcile for an event; a pass that fails is tried again for this job soon."""
+def handle(context: Context, namespace: str, name: str, progress: Optional[dict[str, Any]] = None) -> None:
+    """Reconcile for an event (or the resync, with `progress`); a pass that fails is tried again for this job soon,
+    one the API server refused in minutes."""
     # Known before its first read, which may fail: the resync includes it either way.
     context.remember(namespace, name, True)
     try:
-        reconcile_job(context, namespace, name)
+        reconcile_job(context, namespace, name, progress=progress)
+    except Refused as err:
+        delay = context.retries.failed((namespace, name), time.monotonic(), refused=True)
+        # No traceback: the refusal is the API server's answer, and the job's status and events carry it.
+        job_logger(log, namespace, name).warning("%s; trying again in %.0f s", err, delay)
+        context.wake()
     except Exception:
         delay = context.retries.failed((namespace, name), time.monotonic())
         job_logger(log, namespace, name).exception("reconcile failed; trying again in %.1f s", delay)
@@ -219,11 +300,38 @@ async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> 
     """Reconcile every known job, with its progress, periodically (a kopf timer would add a finalizer)."""
     while True:
         await asyncio.sleep(interval)
-        for namespace, name in context.known_jobs():
-            try:
-                await asyncio.to_thread(reconcile_job, context, namespace, name, poll=True)
-            except Exception:  # one broken job must not stop the others' resync; the next resync tries again
-                job_logger(log, namespace, name).exception("resync failed")
+        await resync(context)
+
+
+async def resync(context: Context) -> None:
+    """One resync: every known job at once, each reconciled as soon as its own progress document is in.
+
+    The documents are asked for outside the jobs' locks, at most
+    POLL_CONCURRENCY at a time, and all within `context.poll_budget`: a job
+    whose worker has not answered by then is reconciled without it. A job
+    waiting out a refusal is left to its own retry.
+    """
+    loop = asyncio.get_running_loop()
+    ends = loop.time() + context.poll_budget
+    asks = asyncio.Semaphore(POLL_CONCURRENCY)
+
+    async def one(namespace: str, name: str) -> None:
+        if context.retries.holds((namespace, name), time.monotonic()):
+            return
+        progress = None
+        try:
+            async with asks:
+                progress = await asyncio.wait_for(
+                    asyncio.to_thread(poll_progress, context, namespace, name), max(0.0, ends - loop.time()))
+        except asyncio.TimeoutError:
+            job_logger(log, namespace, name).info("no progress document within the resync's %.0f s",
+                                                  context.poll_budget)
+        except Exception:  # the job's read failed: its pass below meets the same fault and is retried
+            job_logger(log, namespace, name).exception("asking for progress failed")
+        # One broken job does not stop the others' resync: a failed pass is retried like any other.
+        await asyncio.to_thread(handle, context, namespace, name, progress)
+
+    await asyncio.gather(*(one(namespace, name) for namespace, name in context.known_jobs()))
 
 
 # Handlers return None: kopf would store a returned value in the job's status.

@@ -24,14 +24,16 @@ VALID = "Valid"
 CONDITION_TYPES = (VALID, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
 # Not a phase: a Running job that reports no progress (stalled.py).
 STALLED = "Stalled"
+# Not a phase: the API server refused to create a child (a worker pod, mostly), with its message (reconcile.py).
+CREATE_REFUSED = "CreateRefused"
 CONDITION_STATUSES = ("True", "False", "Unknown")
 
 
 @dataclass
 class Condition:
-    """One condition of the job (Valid, Queued, Running, Restarting, Suspended, Succeeded, Failed, Stalled)."""
+    """One condition of the job (Valid, a phase's, Stalled, CreateRefused)."""
 
-    type: str = setting(choices=(*CONDITION_TYPES, STALLED))
+    type: str = setting(choices=(*CONDITION_TYPES, STALLED, CREATE_REFUSED))
     status: str = setting(choices=CONDITION_STATUSES)
     reason: Optional[str] = setting(None)
     message: Optional[str] = setting(None)
@@ -68,7 +70,8 @@ class JobStatus:
     selector: Optional[str] = setting(None, help="label selector of the worker pods (scale subresource)")
     restarts: int = setting(0, minimum=0, help="worker pods replaced after failures; never decreases")
     reason: Optional[str] = setting(
-        None, help="why the latest worker failure happened, as the trainer named it (storage-full, out-of-memory, ...)"
+        None, help="why the latest worker failure happened, as the trainer named it (storage-full, out-of-memory, ...), "
+        "or FailedCreate when the API server refused a child"
     )
     handled_failures: Optional[list[str]] = setting(
         None, help="uids of the failed worker pods already counted (or retried free), while those pods exist"

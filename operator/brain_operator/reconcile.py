@@ -12,10 +12,17 @@ when it has them (children.py), else, and after a Conflict, from listing them.
 
 Idempotent by construction: a second pass over the same cluster plans no
 writes, and the status is patched only when it changed.
+
+Two things end a pass without retrying it soon: a create the API server
+refuses (`Refused`: Pod Security Admission, a quota, validation) writes the
+CreateRefused condition and posts FailedCreate, then raises for the handlers
+to back off in minutes; and an exception while parsing or rendering the job
+(a bug of ours on this spec) marks it Valid=False with InternalError.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence
@@ -24,10 +31,11 @@ from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
 from .accounting import still_handled, unhandled
-from .cluster import ClusterClient, Conflict, ObjectRef
-from .events import NORMAL, Event, compute_events
+from .cluster import ClusterClient, Conflict, ObjectRef, Refused
+from .events import NORMAL, Event, compute_events, refusal_event
 from .failure_policy import WorkerFailure, consequence, explain, first_cause
-from .job_status import FAILED, SUCCEEDED, JobStatus, read_status
+from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
+from .logs import job_logger
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
 from .on_demand import answered_events, request_events
 from .stalled import stalled_status
@@ -41,13 +49,16 @@ from .status import (
     BACKOFF_LIMIT_EXCEEDED,
     CHECKPOINT_STORAGE_TOO_SMALL,
     DEADLINE_EXCEEDED,
+    INTERNAL_ERROR,
     INVALID_SPEC,
     Failure,
     Observation,
+    carried_refusal,
     elastic_status,
     invalid_status,
     is_terminal,
     pytorchjob_status,
+    refused_status,
 )
 from .storage import StorageTooSmall, check_storage, unchecked_claim_event
 
@@ -57,10 +68,10 @@ PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 # Plans made again after a Conflict on create, each from children listed afresh.
 CONFLICT_REPLANS = 3
 
+log = logging.getLogger(__name__)
+
 # The children of one kind of one job as the watches last saw them, or None when that kind is not watched.
 Observed = Callable[[str, str, tuple[str, str]], Optional[list[dict]]]
-# Rank 0's progress document, asked of a job's worker pods (handlers does it over HTTP); None when none answers.
-Poll = Callable[[Sequence[Mapping[str, Any]]], Optional[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -80,19 +91,19 @@ def reconcile(
     now: datetime,
     defaults: Optional[OperatorDefaults] = None,
     observed: Optional[Observed] = None,
-    poll: Optional[Poll] = None,
+    progress: Optional[Mapping[str, Any]] = None,
 ) -> Optional[dict[str, Any]]:
     """Bring one job's children and status in line with its spec; returns the new status as written.
 
-    With `poll`, a running elastic job's progress document is part of what
-    the pass observes. On a Conflict the job is read again (its status may be
+    `progress`, rank 0's document asked for before the pass (`progress_pods`),
+    is part of what a running elastic job's pass observes. On a Conflict the job is read again (its status may be
     written already) and planned again from children listed afresh; None when
     it is gone.
     """
     replans = 0
     while True:
         try:
-            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None, poll)
+            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None, progress)
         except Conflict:
             replans += 1
             if replans > CONFLICT_REPLANS:
@@ -110,34 +121,76 @@ def _reconcile_once(
     now: datetime,
     defaults: Optional[OperatorDefaults],
     observed: Optional[Observed],
-    poll: Optional[Poll],
+    progress: Optional[Mapping[str, Any]],
 ) -> dict[str, Any]:
     previous = manifest.get("status") or {}
     try:
         job = parse_job(manifest, defaults=defaults)
         check_storage(job)
-    except StorageTooSmall as err:
-        the_plan = plan_invalid(manifest, err, now, CHECKPOINT_STORAGE_TOO_SMALL)
-    except ConfigError as err:
-        the_plan = plan_invalid(manifest, err, now)
-    else:
         desired = render(job)
+    except StorageTooSmall as err:
+        the_plan = plan_invalid(manifest, _errors(err), now, CHECKPOINT_STORAGE_TOO_SMALL)
+    except ConfigError as err:
+        the_plan = plan_invalid(manifest, _errors(err), now)
+    except Exception as err:  # noqa: BLE001 - a bug of ours on this spec: every retry would fail the same way
+        the_plan = plan_invalid(manifest, internal_error(err), now, INTERNAL_ERROR)
+        if _valid_message(previous) != _valid_message(the_plan.status.to_dict()):
+            # The traceback once, when the job is marked; the condition says it from then on.
+            meta = manifest.get("metadata") or {}
+            job_logger(log, meta.get("namespace", ""), meta.get("name", "")).exception("parsing or rendering failed")
+    else:
         children = []
         for kind in watched_kinds(job, desired):
             seen = observed(job.namespace, job.name, kind) if observed is not None else None
             children += seen if seen is not None else client.list_children(*kind, job.namespace, job.name)
         children += kueue_workloads(job, children, client)
-        the_plan = plan(job, desired, children, previous, now, _polled(job, previous, children, poll))
-    return apply(the_plan, client, manifest)
+        the_plan = plan(job, desired, children, previous, now, progress)
+    try:
+        return apply(the_plan, client, manifest)
+    except Refused as err:
+        # Over the status this pass wrote: the refusal, and its event once per message; then the handlers back off.
+        apply(plan_refused(the_plan.status, err, now), client, {**manifest, "status": the_plan.status.to_dict()})
+        raise
 
 
-def _polled(
-    job: Job, previous: Mapping[str, Any], children: Sequence[Mapping[str, Any]], poll: Optional[Poll]
-) -> Optional[dict[str, Any]]:
-    """Rank 0's progress document, asked of the pods of a job that was running (the plan takes it if it still is)."""
-    if poll is None or not reports_progress(job.spec.backend, previous.get("phase")):
-        return None
-    return poll([c for c in children if _kind(c) == POD])
+def plan_refused(status: JobStatus, err: Refused, now: datetime) -> Plan:
+    """A create the API server refused: CreateRefused=True and `reason` FailedCreate with its message, and a
+    Warning FailedCreate event when the message is new."""
+    refused = refused_status(status, err.message, now)
+    event = refusal_event(status, refused)
+    return Plan(status=refused, events=(event,) if event else ())
+
+
+def internal_error(err: Exception) -> str:
+    """What Valid=False says of an exception the operator raised on a job: its type and first line."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else 'no message'}"
+
+
+def _errors(err: ConfigError) -> str:
+    return "; ".join(str(e) for e in err.errors)
+
+
+def _valid_message(status: Mapping[str, Any]) -> Optional[str]:
+    return next((c.get("message") for c in status.get("conditions") or () if c.get("type") == VALID), None)
+
+
+def progress_pods(
+    manifest: Mapping[str, Any], client: ClusterClient, defaults: Optional[OperatorDefaults] = None,
+    observed: Optional[Observed] = None,
+) -> list[dict]:
+    """The pods to ask for rank 0's progress document: those of an elastic job that was Running, else none.
+
+    The handlers ask them before the pass, outside the job's lock; the plan takes the answer if the job still runs.
+    """
+    try:
+        job = parse_job(manifest, defaults=defaults)
+    except ConfigError:
+        return []
+    if not reports_progress(job.spec.backend, (manifest.get("status") or {}).get("phase")):
+        return []
+    seen = observed(job.namespace, job.name, POD) if observed is not None else None
+    return seen if seen is not None else client.list_children(*POD, job.namespace, job.name)
 
 
 def apply(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -210,12 +263,13 @@ def deletion_events(manifest: Mapping[str, Any], defaults: Optional[OperatorDefa
     return [Event(NORMAL, "CheckpointClaimKept", f"checkpoint claim {claim} is kept after the job: {how}")]
 
 
-def plan_invalid(manifest: Mapping[str, Any], err: ConfigError, now: datetime, reason: str = INVALID_SPEC) -> Plan:
-    """An invalid spec: no child is touched; the status names every bad field (Valid=False with `reason`)."""
+def plan_invalid(manifest: Mapping[str, Any], message: str, now: datetime, reason: str = INVALID_SPEC) -> Plan:
+    """A spec the operator cannot run: no child is touched; the status says why (Valid=False with `reason` and
+    `message`, every bad field for an invalid spec)."""
     before = read_status(manifest)
     generation = (manifest.get("metadata") or {}).get("generation")
     generation = generation if isinstance(generation, int) else 0
-    status = invalid_status(before, generation, "; ".join(str(e) for e in err.errors), now, reason)
+    status = invalid_status(before, generation, message, now, reason)
     return Plan(status=status, events=tuple(compute_events(before, status, [])))
 
 
@@ -227,7 +281,7 @@ def plan(
     now: datetime,
     progress: Optional[Mapping[str, Any]] = None,
 ) -> Plan:
-    """Everything one reconcile decides, for either backend; `progress` is rank 0's document if it was polled."""
+    """Everything one reconcile decides, for either backend; `progress` is rank 0's document if it was asked for."""
     existing = {ObjectRef.of(c): c for c in children}
     before = JobStatus.read(previous)
     if job.spec.backend == "pytorchjob":
@@ -239,6 +293,7 @@ def plan(
         # Before the Stalled condition, which reads the progress time.
         status = progress_status(progress, status, now=now, mount_path=job.spec.checkpoint.mount_path)
     status, stall_events = stalled_status(job.spec.watchdog, job.spec.training.log_interval, status, before, now)
+    status = carried_refusal(status, before, creating=bool(the_plan.creates))
     # Once, at the first reconcile: a claim the operator cannot size.
     unchecked = None if before.phase else unchecked_claim_event(job)
     return replace(

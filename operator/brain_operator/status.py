@@ -27,6 +27,7 @@ from .job_status import (
     SUCCEEDED,
     SUSPENDED,
     TERMINAL,
+    CREATE_REFUSED,
     VALID,
     Condition,
     JobStatus,
@@ -40,6 +41,8 @@ __all__ = [
     "CONDITION_TYPES",
     "DEADLINE_EXCEEDED",
     "FAILED",
+    "FAILED_CREATE",
+    "INTERNAL_ERROR",
     "INVALID_SPEC",
     "PENDING",
     "PHASES",
@@ -52,10 +55,12 @@ __all__ = [
     "Failure",
     "Observation",
     "all_succeeded",
+    "carried_refusal",
     "elastic_status",
     "invalid_status",
     "is_terminal",
     "pytorchjob_status",
+    "refused_status",
     "worker_counts",
 ]
 
@@ -63,8 +68,12 @@ __all__ = [
 INVALID_SPEC = "InvalidSpec"
 # A volumeClaimTemplate too small for the checkpoints (storage.py).
 CHECKPOINT_STORAGE_TOO_SMALL = "CheckpointStorageTooSmall"
-# Reasons of a spec refused before anything ran: fixing the spec starts the job.
-SPEC_REASONS = (INVALID_SPEC, CHECKPOINT_STORAGE_TOO_SMALL)
+# A spec the operator failed on while parsing or rendering it (a bug of ours): another pass fails the same way.
+INTERNAL_ERROR = "InternalError"
+# Reasons of a spec refused before anything ran: fixing the spec (or the operator) starts the job.
+SPEC_REASONS = (INVALID_SPEC, CHECKPOINT_STORAGE_TOO_SMALL, INTERNAL_ERROR)
+# The API server refused to create a child (the Job controller's and ReplicaSet's event reason for the same).
+FAILED_CREATE = "FailedCreate"
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 
@@ -176,6 +185,28 @@ def invalid_status(before: JobStatus, generation: int, message: str, now: dateti
         out = replace(out, phase=FAILED,
                       conditions=_conditions(before, FAILED, reason, message, now, valid=(False, reason, message)))
     return out
+
+
+def refused_status(status: JobStatus, message: str, now: datetime) -> JobStatus:
+    """`status` with the API server's refusal of a create: CreateRefused=True (FailedCreate, its `message`) and
+    `reason`. The phase stays: the job waits for what could not be created."""
+    old = next((c for c in status.conditions if c.type == CREATE_REFUSED), None)
+    since = old.last_transition_time if old is not None and old.status == "True" else None
+    refusal = Condition(CREATE_REFUSED, "True", FAILED_CREATE, message, since or format_time(now))
+    return replace(status, reason=FAILED_CREATE, conditions=[*_without_refusal(status), refusal])
+
+
+def carried_refusal(status: JobStatus, before: JobStatus, creating: bool) -> JobStatus:
+    """The previous pass's CreateRefused while this one still has children to create; gone once none is missing.
+
+    Whether this pass's creates are refused again is known only as they are made (reconcile.apply).
+    """
+    refusal = before.condition(CREATE_REFUSED)
+    return replace(status, conditions=[*_without_refusal(status), *([refusal] if refusal and creating else [])])
+
+
+def _without_refusal(status: JobStatus) -> list[Condition]:
+    return [c for c in status.conditions if c.type != CREATE_REFUSED]
 
 
 # Kubeflow's PyTorchJob condition types, most decisive first.

@@ -7,16 +7,20 @@ a second reconcile wrote nothing. Helpers let a test play the kubelet
 (move a pod to Running, Failed, evicted or Succeeded), the garbage collector
 (`delete_job` removes what the job owns) and, with `kueue=True`, Kueue: its
 webhooks gate every queued pod and suspend every queued PyTorchJob on
-creation, and `admit` lifts both, as Kueue's controller does.
+creation, and `admit` lifts both, as Kueue's controller does. With
+`pod_security="restricted"` it refuses a pod as Pod Security Admission
+does, and `validate` refuses what a test says is invalid, each with the
+Status body the API server sends (`forbidden`, `invalid`), read back by
+the real client's own `Refused.of`.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
-from brain_operator.cluster import ObjectRef
+from brain_operator.cluster import ObjectRef, Refused
 from brain_operator.events import Event
 from brain_operator.names import JOB_NAME_LABEL
 from brain_operator.schedulers import ADMISSION_GATE, QUEUE_LABEL
@@ -36,9 +40,70 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return out
 
 
+def status_error(code: int, reason: str, message: str, details: Mapping[str, Any]) -> dict:
+    """The Status object of an API error as the API server writes it (k8s.io/apimachinery pkg/apis/meta/v1 Status)."""
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "details": dict(details), "code": code}
+
+
+def forbidden(resource: str, name: str, err: str) -> dict:
+    """403 as apimachinery's errors.NewForbidden words it: `<resource> "<name>" is forbidden: <err>`."""
+    return status_error(403, "Forbidden", f'{resource} "{name}" is forbidden: {err}', {"name": name, "kind": resource})
+
+
+def invalid(kind: str, name: str, causes: list[tuple[str, str, str]]) -> dict:
+    """422 as apimachinery's errors.NewInvalid words it: `<Kind> "<name>" is invalid: [<field>: <detail>, ...]`,
+    one cause (reason, message, field) per field error."""
+    texts = [f"{field}: {message}" for _, message, field in causes]
+    listed = texts[0] if len(texts) == 1 else f"[{', '.join(texts)}]"
+    return status_error(422, "Invalid", f'{kind} "{name}" is invalid: {listed}', {
+        "name": name, "kind": kind,
+        "causes": [{"reason": reason, "message": message, "field": field} for reason, message, field in causes],
+    })
+
+
+# The restricted level allows adding this capability and no other (Pod Security Standards).
+RESTRICTED_CAPABILITIES = {"NET_BIND_SERVICE"}
+
+
+def pod_security_restricted(pod: Mapping[str, Any]) -> Optional[dict]:
+    """Pod Security Admission enforcing `restricted:latest` on a pod: None, or its 403.
+
+    The message as k8s.io/pod-security-admission words it (admission.go: `violates PodSecurity "<level>:<version>":
+    <check> (<detail>), ...`; the checks under policy/), for the two checks a pod overlay can trip: privileged
+    and capabilities added. Other kinds pass.
+    """
+    if pod.get("kind") != "Pod":
+        return None
+    failures = []
+    containers = [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]
+    privileged = [c["name"] for c in containers if (c.get("securityContext") or {}).get("privileged")]
+    if privileged:
+        failures.append(f"privileged ({_containers(privileged)} must not set securityContext.privileged=true)")
+    added = {c["name"]: sorted(set(((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or ())
+                               - RESTRICTED_CAPABILITIES) for c in containers}
+    added = {name: caps for name, caps in added.items() if caps}
+    if added:
+        caps = ", ".join(f'"{cap}"' for cap in sorted({cap for names in added.values() for cap in names}))
+        failures.append(f"unrestricted capabilities ({_containers(list(added))} must not include {caps} in "
+                        "securityContext.capabilities.add)")
+    if not failures:
+        return None
+    return forbidden("pods", pod["metadata"]["name"], f'violates PodSecurity "restricted:latest": {", ".join(failures)}')
+
+
+def _containers(names: list[str]) -> str:
+    quoted = ", ".join(f'"{name}"' for name in names)
+    return f"container {quoted}" if len(names) == 1 else f"containers {quoted}"
+
+
 class FakeCluster:
-    def __init__(self, *, graceful_pod_deletion: bool = False, kueue: bool = False) -> None:
+    def __init__(self, *, graceful_pod_deletion: bool = False, kueue: bool = False, pod_security: str = "privileged",
+                 validate: Optional[Callable[[Mapping[str, Any]], Optional[dict]]] = None) -> None:
         self.kueue = kueue
+        # Admission, in the API server's order: validation of the object, then the admission plugins (PSA).
+        self.admission = [check for check in (validate, pod_security_restricted if pod_security == "restricted"
+                                              else None) if check is not None]
         self.objects: dict[ObjectRef, dict] = {}
         self.writes: list[tuple[str, ObjectRef]] = []
         self.events: list[tuple[str, Event]] = []
@@ -74,6 +139,11 @@ class FakeCluster:
         ref = ObjectRef.of(obj)
         if ref in self.objects:
             return False
+        for check in self.admission:
+            status = check(obj)
+            if status is not None:
+                self.writes.append(("refused", ref))
+                raise Refused.of(f"create {ref}", status["code"], status)
         stored = copy.deepcopy(dict(obj))
         if self.kueue and QUEUE_LABEL in (stored["metadata"].get("labels") or {}):
             self._kueue_webhook(stored)

@@ -20,7 +20,7 @@ def test_retry_after_reads_seconds(header, seconds):
 
 
 def test_a_failed_job_is_due_after_its_backoff_and_again_after_a_longer_one_until_it_succeeds():
-    retries = JobRetries(Backoff(base=1.0, cap=4.0), rng=lambda: 0.0)
+    retries = JobRetries(Backoff(base=1.0, cap=4.0), Backoff(base=60.0, cap=600.0), rng=lambda: 0.0)
     job, other = ("ns", "a"), ("ns", "b")
     assert retries.wait(100.0) is None and retries.take_due(100.0) == []
     assert retries.failed(job, 100.0) == 1.0

@@ -19,10 +19,11 @@ import aiohttp.web
 import kmock
 import kopf
 import pytest
+from fake_cluster import forbidden, invalid
 from test_handlers import NS, Emulator, first_event, manifest, pod_named, serve_resources
 
 from brain_operator import handlers
-from brain_operator.cluster import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, ObjectRef
+from brain_operator.cluster import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, ObjectRef, Refused
 from brain_operator.names import JOB_NAME_LABEL
 from brain_operator.spec import API_VERSION, PLURAL, OperatorDefaults
 
@@ -40,6 +41,7 @@ class Fault:
     times: int = 1
     after: bool = False  # carry the call out, then answer the error
     retry_after: Optional[str] = None
+    body: Optional[dict] = None  # the Status object answered; an InternalError's by default
 
 
 class FaultyEmulator(Emulator):
@@ -69,9 +71,9 @@ class FaultyEmulator(Emulator):
     @staticmethod
     def _status(fault):
         headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
-        return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": fault.status,
-                                          "reason": "InternalError", "message": "injected"}, status=fault.status,
-                                         headers=headers)
+        body = fault.body or {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": fault.status,
+                              "reason": "InternalError", "message": "injected"}
+        return aiohttp.web.json_response(body, status=fault.status, headers=headers)
 
     async def _render_error(self, exc):
         response = await super()._render_error(exc)
@@ -248,3 +250,27 @@ def test_the_client_retries_throttling_and_errors_and_tells_already_exists_from_
     assert waits[0] == 7.0 and 0.2 <= waits[1] <= 0.4 and 0.4 <= waits[2] <= 0.8
     patch_waits = waits[3:]
     assert sum(patch_waits) <= CALL_DEADLINE_SECONDS and max(patch_waits) <= 2.0
+
+
+def test_the_client_reads_a_refused_create_from_the_api_servers_status_and_does_not_retry_it(tmp_path, monkeypatch):
+    psa = forbidden("pods", "cm", 'violates PodSecurity "restricted:latest": privileged '
+                                  '(container "c" must not set securityContext.privileged=true)')
+    bad = invalid("ConfigMap", "cm", [("FieldValueTooLong", "Too long: must have at most 1048576 bytes", "data")])
+
+    async def scenario():
+        async with FaultyEmulator() as km, kmock.Server(km):
+            client, waits = await served_client(tmp_path, monkeypatch, km)
+            path = f"/api/v1/namespaces/{NS}/configmaps"
+            refusals = []
+            for status in (psa, bad):
+                km.faults.append(Fault("POST", path, status["code"], body=status))
+                with pytest.raises(Refused) as caught:
+                    await asyncio.to_thread(client.create, config_map())
+                refusals.append(caught.value)
+            return refusals, waits, km.served
+
+    refusals, waits, served = asyncio.run(scenario())
+    assert [(r.code, r.reason, r.message) for r in refusals] == [
+        (403, "Forbidden", psa["message"]), (422, "Invalid", 'ConfigMap "cm" is invalid: data: Too long: must have at '
+                                                              'most 1048576 bytes')]
+    assert waits == [] and len(served) == 2  # asked once each: a refusal is not retried

@@ -23,7 +23,7 @@ def job():
 def report(cluster, step_no, at):
     """A resync pass at `at` that finds rank 0's document changed: the operator's clock goes into updatedAt."""
     doc = {"step": step_no, "total_steps": 200, "eta_seconds": (200 - step_no) * 0.5}
-    status = reconcile(cluster.get_job(NS, "j"), cluster, at, poll=lambda pods: doc)
+    status = reconcile(cluster.get_job(NS, "j"), cluster, at, progress=doc)
     assert status["progress"]["updatedAt"] == format_time(at)
 
 

@@ -231,7 +231,14 @@ class Progress:
 
     @classmethod
     def read(cls, doc: Any) -> Optional["Progress"]:
-        """The well-formed fields of a parsed document; None without a valid step (no document, garbage)."""
+        """The well-formed fields of a parsed document; None without a valid step (no document, garbage).
+
+        A field holding NaN, Infinity or a number past JSON_SAFE_INTEGER (anywhere inside it) is left out: the
+        document comes over the network from a worker, and such a number would fail the operator's
+        arithmetic or reach the status patch.
+        """
+        if isinstance(doc, Mapping):
+            doc = {key: value for key, value in doc.items() if _numbers_in_range(value)}
         try:
             return from_dict(cls, valid_fields(cls, doc))
         except ConfigError:
@@ -244,6 +251,24 @@ class Progress:
             return cls.read(json.loads(text))
         except ValueError:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             return None
+
+
+# RFC 8259 section 6: the integers every JSON reader holds exactly. A progress document's numbers are counts,
+# seconds and ratios far below it.
+JSON_SAFE_INTEGER = 2**53 - 1
+
+
+def _numbers_in_range(value: Any) -> bool:
+    """Every number in `value` finite and within ±JSON_SAFE_INTEGER (NaN compares false, so it fails too)."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (int, float)):
+        return abs(value) <= JSON_SAFE_INTEGER
+    if isinstance(value, Mapping):
+        return all(_numbers_in_range(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_numbers_in_range(v) for v in value)
+    return True
 
 
 def eta_seconds(step: int, total_steps: int, seconds_per_step: float) -> float:
