@@ -21,6 +21,8 @@ from test_handlers import NS, T0, context, manifest
 
 from brain_operator import handlers, reconcile
 from brain_operator.job_status import JobStatus
+from brain_operator.spec import OperatorDefaults
+from brain_operator.spec.overlay_policy import OverlayPolicy
 from brain_operator.progress import progress_status
 from brain_trainer.contract import JSON_SAFE_INTEGER, METRICS_PORT, Progress
 
@@ -28,6 +30,12 @@ from brain_trainer.contract import JSON_SAFE_INTEGER, METRICS_PORT, Progress
 IPC_LOCK = {"spec": {"containers": [{"name": "trainer", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}]}}
 PSA_MESSAGE = ('pods "demo-worker-0" is forbidden: violates PodSecurity "restricted:latest": unrestricted capabilities '
                '(container "trainer" must not include "IPC_LOCK" in securityContext.capabilities.add)')
+
+
+def rdma_context(cluster):
+    """The operator's overlay policy allows IPC_LOCK: only the namespace's Pod Security Admission refuses it."""
+    defaults = OperatorDefaults(image="registry.example/brain:1", overlay_policy=OverlayPolicy(capabilities=["IPC_LOCK"]))
+    return handlers.Context(client=cluster, defaults=defaults, clock=lambda: T0)
 
 
 def condition(status, kind):
@@ -44,7 +52,7 @@ def refused_creates(cluster):
 
 def test_a_pod_refused_by_pod_security_is_named_on_the_job_and_tried_again_in_minutes():
     cluster = FakeCluster(pod_security="restricted")
-    ctx = context(cluster)
+    ctx = rdma_context(cluster)
     cluster.apply_job(manifest(podTemplate=IPC_LOCK))
     handlers.handle(ctx, NS, "demo")
 
