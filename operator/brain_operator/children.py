@@ -24,6 +24,7 @@ WATCHED: tuple[tuple[str, str, str, str], ...] = (
     ("v1", "Service", "services", "service_children"),
     ("v1", "ConfigMap", "configmaps", "configmap_children"),
     ("v1", "PersistentVolumeClaim", "persistentvolumeclaims", "claim_children"),
+    ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", "networkpolicy_children"),
     *(
         (api_version, kind, "podgroups", f"{gang}_podgroup_children")
         for gang, (api_version, kind) in sorted(POD_GROUP_KINDS.items())

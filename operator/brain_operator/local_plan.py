@@ -208,7 +208,8 @@ def plan_local(
     procs = job.spec.nodes * job.spec.nproc_per_node
     progress_file = workdir / "progress.json"
     checkpoint_dir = shared[CHECKPOINT_VOLUME]
-    config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port)
+    # Loopback: the progress display reads it here, and nobody else on the network should.
+    config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port, metrics_address=LOOPBACK)
     # Volumes are read and written at their local folders: data on a mounted volume, TensorBoard on one (rank 0,
     # worker 0, writes it; a relative folder is below the work directory).
     shared_mounts = {v.mount_path: shared[v.name] for v in workers[0].container.volumes if v.name in shared}

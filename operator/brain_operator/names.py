@@ -33,6 +33,10 @@ def config_map_name(job_name: str) -> str:
     return f"{job_name}-config"
 
 
+def network_policy_name(job_name: str) -> str:
+    return f"{job_name}-network"
+
+
 def template_claim_name(job_name: str) -> str:
     """The checkpoint claim the operator makes from `checkpoint.volumeClaimTemplate`."""
     return f"{job_name}-checkpoints"

@@ -28,6 +28,9 @@ NAMESPACED: Grants = {
     # a retained checkpoint claim outlives it.
     ("", "services"): frozenset({"list", "watch", "create"}),
     ("", "persistentvolumeclaims"): frozenset({"list", "watch", "create"}),
+    # Each job's NetworkPolicy (render/network.py): watched, created when missing, never
+    # patched or deleted (owner references garbage-collect it with the job).
+    ("networking.k8s.io", "networkpolicies"): frozenset({"list", "watch", "create"}),
     # The ConfigMap with trainer.yaml is also patched when a propagated spec field changes.
     ("", "configmaps"): frozenset({"list", "watch", "create", "patch"}),
     # scheduling.gang: the job's PodGroup (Kubernetes', scheduler-plugins' or Volcano's),

@@ -14,7 +14,8 @@ from brain_operator.render import render
 from brain_operator.spec import OperatorDefaults, OverlayPolicy, parse_job
 from brain_trainer.contract import METRICS_PATH, METRICS_PORT_NAME
 from brain_trainer.schema import ConfigError, openapi_schema, to_dict
-from chart_render import CHART, REPO, only, render_objects
+from brain_operator.spec.model import NetworkAccess
+from chart_render import CHART, REPO, RELEASE_NAMESPACE, only, render_objects
 from processes import run
 from upstream_crds import crd_schemas, violations
 
@@ -108,6 +109,8 @@ def test_helm_lint_reports_no_errors_or_warnings(value_sets, version):
         ({"liveness": {"port": 70000}}, "maximum"),
         ({"trainer": {"imagePullPolicy": "Sometimes"}}, "/trainer/imagePullPolicy': value must be one of"),
         ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+        ({"networkPolicy": {"scrapeNamespaces": ["Monitoring"]}}, "/networkPolicy/scrapeNamespaces/0"),
+        ({"networkPolicy": {"enabled": "no"}}, "/networkPolicy/enabled"),
         ({"trainer": {"image": "registry.example.com/trainer:1"}}, "/trainer/image': got string, want object"),
         ({"trainer": {"image": {"repository": "r", "tag": "1", "digest": "sha256:0"}}}, "additional properties 'digest'"),
         ({"logging": {"format": "xml"}}, "/logging/format': value must be one of"),
@@ -226,7 +229,13 @@ NOTES_JOB = re.compile(r"^kubectl apply (?P<flags>.*)-f - <<'EOF'\n(?P<manifest>
 
 
 def _operator_env(objects):
-    return {item["name"]: item["value"] for item in _operator_container(objects)["env"]}
+    """The operator's environment as the kubelet gives it: the downward API's metadata.namespace resolved."""
+    namespace = only(objects, "Deployment")["metadata"]["namespace"]
+    resolved = {"metadata.namespace": namespace}
+    return {
+        item["name"]: item["value"] if "value" in item else resolved[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        for item in _operator_container(objects)["env"]
+    }
 
 
 @pytest.mark.parametrize("values", ["defaults", "namespaced"])
@@ -256,14 +265,25 @@ def test_trainer_defaults_reach_the_operator_as_it_reads_them(namespaced_values)
     app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     defaults = OperatorDefaults.from_env(_operator_env(render_objects()))
     assert defaults == OperatorDefaults(
-        image=f"ghcr.io/brain-ai/brain-train-trainer:{app_version}", image_pull_policy="IfNotPresent", nccl_env={}
+        image=f"ghcr.io/brain-ai/brain-train-trainer:{app_version}", image_pull_policy="IfNotPresent", nccl_env={},
+        network=NetworkAccess(operator_namespace=RELEASE_NAMESPACE),
     )
     custom = OperatorDefaults.from_env(_operator_env(render_objects(namespaced_values)))
     assert custom == OperatorDefaults(
         image="registry.example.com/ml/brain-train-trainer:0.1.0-cuda",
         image_pull_policy="Always",
         nccl_env={"NCCL_NET_GDR_LEVEL": "PHB", "NCCL_P2P_LEVEL": "NVL"},
+        network=NetworkAccess(operator_namespace=RELEASE_NAMESPACE),
     )
+
+
+def test_the_network_policy_switch_and_scrape_namespaces_reach_the_operator(monitoring_values):
+    # Prometheus in its own namespace scrapes the trainers: the chart names it, every job's policy admits it.
+    values = {**monitoring_values, "networkPolicy": {"enabled": True, "scrapeNamespaces": ["monitoring"]}}
+    scraped = OperatorDefaults.from_env(_operator_env(render_objects(values)))
+    assert scraped.network == NetworkAccess(operator_namespace=RELEASE_NAMESPACE, scrape_namespaces=("monitoring",))
+    off = OperatorDefaults.from_env(_operator_env(render_objects({"networkPolicy": {"enabled": False, "scrapeNamespaces": []}})))
+    assert off.network is None
 
 
 def test_a_reserved_nccl_default_is_refused_by_the_operator_naming_the_variable():

@@ -6,6 +6,7 @@ import brain_operator.handlers  # noqa: F401  (registers the kopf handlers inspe
 import kopf
 import pytest
 import yaml
+from brain_operator.children import WATCHED
 from brain_operator.cluster import ClusterClient
 from brain_operator.render import render
 from brain_operator.schedulers import GANG_MODES
@@ -181,6 +182,12 @@ def test_every_resource_kopf_serves_is_listed_watched_and_patched_when_handled()
         _needs(key, "patch")
 
 
+def _plural(obj):
+    """A kind's resource name: the watched kinds' own (networkpolicies), else the kind plus s (pytorchjobs)."""
+    plurals = {(api_version, kind): plural for api_version, kind, plural, _ in WATCHED}
+    return plurals.get((obj["apiVersion"], obj["kind"]), f"{obj['kind'].lower()}s")
+
+
 VARIANTS = [("elastic", gang) for gang in GANG_MODES] + [("pytorchjob", "none")]
 
 
@@ -193,8 +200,9 @@ def test_every_kind_the_renderers_make_can_be_listed_and_created():
             manifest["spec"].setdefault("scheduling", {})["gang"] = gang
             manifest["metadata"]["uid"] = "0f0e0d0c-0000-4000-8000-000000000001"  # as the API server sets it
             job = parse_job(manifest, defaults=OperatorDefaults(image="brain-train/trainer:dev"))
-            rendered |= {(obj["apiVersion"].rpartition("/")[0], f"{obj['kind'].lower()}s") for obj in render(job)}
+            rendered |= {(obj["apiVersion"].rpartition("/")[0], _plural(obj)) for obj in render(job)}
     assert ("", "pods") in rendered and ("kubeflow.org", "pytorchjobs") in rendered
+    assert ("networking.k8s.io", "networkpolicies") in rendered
     assert {group for group, resource in rendered if resource == "podgroups"} == {
         "scheduling.k8s.io", "scheduling.x-k8s.io", "scheduling.volcano.sh"
     }

@@ -232,6 +232,7 @@ RESOURCES = {
     "v1/services": ("Service", True, set()),
     "v1/configmaps": ("ConfigMap", True, set()),
     "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True, set()),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, set()),
     "v1/events": ("Event", True, set()),
     "v1/namespaces": ("Namespace", False, set()),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", False, set()),

@@ -115,8 +115,12 @@ def test_trainer_yaml_is_the_rendered_one_with_local_paths_and_port():
     local = local_trainer_yaml(plan())
     assert local["checkpoint"]["dir"] == str(CLAIM)
     assert local["metrics"]["port"] == 41235
+    # A laptop's metrics and progress are for itself: loopback, where a pod listens on every interface.
+    assert expected["metrics"]["bind_address"] == "0.0.0.0"
+    assert local["metrics"]["bind_address"] == "127.0.0.1"
     expected["checkpoint"]["dir"] = local["checkpoint"]["dir"]
     expected["metrics"]["port"] = 41235
+    expected["metrics"]["bind_address"] = "127.0.0.1"
     assert local == expected
 
 

@@ -48,7 +48,7 @@ def test_every_trainer_setting_is_at_the_same_path_in_the_crd():
     assert found > 30
     assert sorted(derived) == [
         "checkpoint.dir", "distributed.master_addr", "distributed.master_port", "distributed.node_rank",
-        "distributed.num_nodes", "metrics.port",
+        "distributed.num_nodes", "metrics.bind_address", "metrics.port",
     ]
 
 

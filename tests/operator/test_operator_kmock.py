@@ -153,7 +153,7 @@ def test_children_are_watched_with_a_server_side_selector_and_a_steady_reconcile
 
     requests, mark = asyncio.run(scenario())
     watches = {r.resource.plural: r.params.get("labelSelector") for r in requests if is_kopf(r) and r.action == kmock.action.WATCH}
-    for plural in ("pods", "services", "configmaps", "persistentvolumeclaims"):
+    for plural in ("pods", "services", "configmaps", "persistentvolumeclaims", "networkpolicies"):
         assert watches[plural] == JOB_NAME_LABEL, plural
     assert watches[PLURAL] is None  # the jobs themselves: every one
     # The operator's cluster client since: each reconcile (one per pod event) reads the job and lists
@@ -163,11 +163,14 @@ def test_children_are_watched_with_a_server_side_selector_and_a_steady_reconcile
     assert steady.count(("PATCH", f"{JOBS}/demo/status")) == 1
 
 
-@pytest.mark.parametrize("kind, plural", [("Service", "services"), ("ConfigMap", "configmaps")])
-def test_a_child_deleted_by_hand_is_back_within_5_s(tmp_path, monkeypatch, kind, plural):
+@pytest.mark.parametrize("kind, group, plural", [
+    ("Service", "api/v1", "services"), ("ConfigMap", "api/v1", "configmaps"),
+    ("NetworkPolicy", "apis/networking.k8s.io/v1", "networkpolicies"),
+])
+def test_a_child_deleted_by_hand_is_back_within_5_s(tmp_path, monkeypatch, kind, group, plural):
     async def scenario():
         async with operator(tmp_path, monkeypatch) as (km, _):
-            path = f"/api/v1/namespaces/{NS}/{plural}"
+            path = f"/{group}/namespaces/{NS}/{plural}"
             (child,) = await objects(km, path)
             response = await km.delete(f"{path}/{child['metadata']['name']}")
             assert response.status == 200

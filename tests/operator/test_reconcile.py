@@ -62,7 +62,7 @@ def cluster():
 def test_create_renders_children_and_a_pending_status(cluster):
     cluster.apply_job(manifest(nodes=3))
     status = step(cluster)
-    assert cluster.kinds() == ["ConfigMap", "Pod", "Pod", "Pod", "Service"]
+    assert cluster.kinds() == ["ConfigMap", "NetworkPolicy", "Pod", "Pod", "Pod", "Service"]
     assert list(cluster.pods()) == ["j-worker-0", "j-worker-1", "j-worker-2"]
     owner = cluster.pods()["j-worker-0"]["metadata"]["ownerReferences"][0]
     assert owner["uid"] == cluster.get_job(NS, "j")["metadata"]["uid"]
@@ -172,10 +172,10 @@ def test_workers_that_fail_after_training_ended_fail_the_job(cluster):
 
 def test_deleted_children_come_back(cluster):
     started(cluster)
-    for ref in [r for r in cluster.objects if r.kind in ("Service", "ConfigMap") or r.name == "j-worker-1"]:
+    for ref in [r for r in cluster.objects if r.kind in ("Service", "ConfigMap", "NetworkPolicy") or r.name == "j-worker-1"]:
         del cluster.objects[ref]
     status = step(cluster)
-    assert cluster.kinds() == ["ConfigMap", "Pod", "Pod", "Service"]
+    assert cluster.kinds() == ["ConfigMap", "NetworkPolicy", "Pod", "Pod", "Service"]
     # A pod the user deleted is not a failure.
     assert status["restarts"] == 0
 
@@ -204,7 +204,7 @@ def test_suspend_deletes_pods_and_resume_brings_them_back(cluster):
     cluster.apply_job(manifest(runPolicy={"suspend": True}))
     status = step(cluster, T0 + timedelta(minutes=1))
     assert status["phase"] == "Suspended" and cluster.pods() == {}
-    assert cluster.kinds() == ["ConfigMap", "Service"] and status["restarts"] == 1
+    assert cluster.kinds() == ["ConfigMap", "NetworkPolicy", "Service"] and status["restarts"] == 1
     assert step(cluster, T0 + timedelta(minutes=2)) == status
     cluster.apply_job(manifest(runPolicy={"suspend": False}))
     resumed = step(cluster, T0 + timedelta(minutes=3))

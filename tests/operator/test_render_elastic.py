@@ -65,6 +65,7 @@ def test_object_set(objects, job):
         ("Service", "llm-workers"),
         ("ConfigMap", "llm-config"),
         ("PersistentVolumeClaim", "llm-checkpoints"),
+        ("NetworkPolicy", "llm-network"),
         ("Pod", "llm-worker-0"),
         ("Pod", "llm-worker-1"),
         ("Pod", "llm-worker-2"),
@@ -241,9 +242,9 @@ def test_single_pod_builder_matches_the_full_render(objects, job):
 
 def test_render_is_pure(job):
     first = render_elastic(job)
-    first[3]["spec"]["containers"][0]["env"].clear()
-    first[3]["spec"]["tolerations"].clear()
-    assert render_elastic(job)[3]["spec"]["tolerations"] and env_of(render_elastic(job)[3])
+    first[4]["spec"]["containers"][0]["env"].clear()
+    first[4]["spec"]["tolerations"].clear()
+    assert render_elastic(job)[4]["spec"]["tolerations"] and env_of(render_elastic(job)[4])
 
 
 def test_without_queue_or_uid():

@@ -46,7 +46,7 @@ def pytorchjob(objects):
 
 def test_fixed_size_job_is_master_plus_workers():
     objects = render_pytorchjob(parse_job(manifest()))
-    assert [o["kind"] for o in objects] == ["ConfigMap", "PersistentVolumeClaim", "PyTorchJob"]
+    assert [o["kind"] for o in objects] == ["ConfigMap", "PersistentVolumeClaim", "NetworkPolicy", "PyTorchJob"]
     model = deserialize(pytorchjob(objects))
     assert model.api_version == "kubeflow.org/v1" and model.kind == "PyTorchJob"
     assert model.metadata.name == "kf" and model.metadata.namespace == "ml"
@@ -96,4 +96,4 @@ def test_single_node_job_has_only_a_master():
 @pytest.mark.parametrize("claim", [{"claimName": "existing"}, {}])
 def test_no_claim_object_without_a_template(claim):
     objects = render_pytorchjob(parse_job(manifest(nodes=1, checkpoint=claim)))
-    assert [o["kind"] for o in objects] == ["ConfigMap", "PyTorchJob"]
+    assert [o["kind"] for o in objects] == ["ConfigMap", "NetworkPolicy", "PyTorchJob"]

@@ -33,7 +33,8 @@ def test_a_steady_reconcile_makes_no_list_call_and_patches_status_only_on_a_chan
     counting = CountingCluster(cluster)
     cluster.apply_job(manifest(scheduling={"gang": gang}))
     first = step(cluster, counting)
-    assert first["LIST"] == 0 and first["CREATE"] == 4 + 3 + (gang != "none")  # pods, Service, ConfigMap, claim, PodGroup
+    # pods, Service, ConfigMap, claim, NetworkPolicy, PodGroup
+    assert first["LIST"] == 0 and first["CREATE"] == 4 + 4 + (gang != "none")
     cluster.run_all()
     assert step(cluster, counting) == {"GET": 1, "PATCH status": 1, "CREATE event": 1}  # Pending -> Running
     # Nothing changed: one read of the job, nothing listed, nothing written.
@@ -48,7 +49,7 @@ def test_without_watches_every_child_kind_is_listed():
     counting = CountingCluster(cluster)
     cluster.apply_job(manifest())
     reconcile(cluster.get_job(NS, "j"), counting, T0)
-    assert counting.take()["LIST"] == 4  # Pod, Service, ConfigMap, PersistentVolumeClaim
+    assert counting.take()["LIST"] == 5  # Pod, Service, ConfigMap, PersistentVolumeClaim, NetworkPolicy
 
 
 def test_a_pytorchjob_is_listed_as_it_is_not_watched():

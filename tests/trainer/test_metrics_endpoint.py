@@ -3,7 +3,10 @@
 import json
 import socket
 import urllib.request
+from pathlib import Path
 
+import pytest
+from brain_trainer.config import TrainerConfig
 from brain_trainer.contract import Goodput, Progress
 from brain_trainer.observe.metrics import MetricsServer, start_metrics_server
 
@@ -79,8 +82,31 @@ def test_serves_every_ranks_memory_after_init():
 
 
 def test_taken_or_disabled_port_never_stops_training():
-    assert start_metrics_server(0) is None
+    assert start_metrics_server(0, "127.0.0.1") is None
     with socket.socket() as s:
         s.bind(("0.0.0.0", 0))
         s.listen()
-        assert start_metrics_server(s.getsockname()[1]) is None
+        assert start_metrics_server(s.getsockname()[1], "0.0.0.0") is None
+
+
+def _listening(port):
+    """The local addresses listening on TCP `port`, from the kernel's own table (/proc/net/tcp: hex, little-endian)."""
+    found = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if int(hex_port, 16) == port and state == "0A":  # TCP_LISTEN
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's socket table")
+def test_the_endpoint_listens_only_on_the_address_it_is_given():
+    # braintrain run's trainer.yaml says 127.0.0.1 (test_local_plan.py); the default is loopback too.
+    default = TrainerConfig().metrics.bind_address
+    for host, want in ((default, {"127.0.0.1"}), ("0.0.0.0", {"0.0.0.0"})):
+        server = MetricsServer(0, host)
+        try:
+            assert _listening(server.port) == want, host
+        finally:
+            server.close()

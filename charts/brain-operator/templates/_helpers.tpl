@@ -112,6 +112,11 @@ holds the same list, derived from what brain_operator calls; a test keeps the tw
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
   verbs: ["list", "watch", "create"]
+# Each job's NetworkPolicy (who may connect to its workers): watched, recreated when
+# missing, garbage-collected with the job.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "watch", "create"]
 # trainer.yaml: patched when a propagated spec field changes.
 - apiGroups: [""]
   resources: ["configmaps"]
@@ -151,4 +156,13 @@ brain_operator.spec.OperatorDefaults.from_env reads.
   value: {{ .Values.trainer.imagePullSecrets | toJson | quote }}
 - name: BRAIN_POD_OVERLAY_POLICY
   value: {{ .Values.podOverlayPolicy | toJson | quote }}
+- name: BRAIN_NETWORK_POLICY
+  value: {{ .Values.networkPolicy.enabled | toString | quote }}
+- name: BRAIN_SCRAPE_NAMESPACES
+  value: {{ .Values.networkPolicy.scrapeNamespaces | toJson | quote }}
+# The operator polls rank 0 from here: each job's NetworkPolicy admits this namespace to the metrics port.
+- name: BRAIN_OPERATOR_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
 {{- end }}

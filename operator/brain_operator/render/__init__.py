@@ -4,6 +4,7 @@
     common      labels, metadata, ConfigMap, checkpoint PVC, the pod spec
     overlay     the job's pod overlay (spec.podTemplate) merged into each worker pod
     gangs       the PodGroup of a gang-scheduled elastic job, and each pod's link to it
+    network     the NetworkPolicy: who may connect to the job's pods
     elastic     the default backend: headless Service + one pod per node
     pytorchjob  the Kubeflow backend
 """

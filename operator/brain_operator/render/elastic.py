@@ -22,6 +22,7 @@ from .common import (
     workload_labels,
 )
 from .gangs import build_pod_group, join_pod_group
+from .network import build_network_policy
 from .overlay import with_labels
 from .workers import RDZV_PORT, RDZV_PORT_NAME, elastic_worker
 
@@ -66,8 +67,9 @@ def build_worker_pod(job: Job, index: int) -> dict[str, Any]:
 
 
 def render_elastic(job: Job) -> list[dict[str, Any]]:
-    """Service, ConfigMap, PVC (when templated), the PodGroup (gang scheduling) and one pod per node."""
-    extras = [build_checkpoint_claim(job), build_pod_group(job)]
+    """Service, ConfigMap, PVC (when templated), the PodGroup (gang scheduling), the NetworkPolicy and one pod per
+    node."""
+    extras = [build_checkpoint_claim(job), build_pod_group(job), build_network_policy(job)]
     objects = [build_service(job), build_config_map(job), *filter(None, extras)]
     objects.extend(build_worker_pod(job, i) for i in range(job.spec.nodes))
     return objects

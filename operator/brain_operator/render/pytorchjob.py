@@ -23,6 +23,7 @@ from .common import (
     pod_spec,
     workload_labels,
 )
+from .network import build_network_policy
 from .overlay import with_labels
 from .workers import trainer_container
 
@@ -86,6 +87,7 @@ def build_pytorchjob(job: Job) -> dict[str, Any]:
 
 
 def render_pytorchjob(job: Job) -> list[dict[str, Any]]:
-    """ConfigMap, PVC (when templated) and the PyTorchJob."""
-    claim = build_checkpoint_claim(job)
-    return [build_config_map(job), *([claim] if claim else []), build_pytorchjob(job)]
+    """ConfigMap, PVC (when templated), the NetworkPolicy (Kubeflow's pods carry the template's job labels) and
+    the PyTorchJob."""
+    extras = [build_checkpoint_claim(job), build_network_policy(job)]
+    return [build_config_map(job), *filter(None, extras), build_pytorchjob(job)]

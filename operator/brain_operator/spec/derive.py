@@ -15,6 +15,9 @@ from brain_trainer.schema import to_dict
 
 from .model import Job, JobSpec
 
+# Rank 0's endpoint in a pod: the operator polls it by pod IP; the job's NetworkPolicy limits who else may connect.
+ALL_INTERFACES = "0.0.0.0"
+
 
 def node_range(spec: JobSpec) -> tuple[int, int]:
     """(min, max) nodes for torchrun's --nnodes; an unset bound is `nodes`."""
@@ -55,16 +58,22 @@ def effective_batch_size(job: Job) -> int:
     return _sections(job.spec).effective_batch_size(world_size(job.spec))
 
 
-def trainer_config(job: Job, *, checkpoint_dir: Optional[str] = None, metrics_port: int = METRICS_PORT) -> TrainerConfig:
+def trainer_config(
+    job: Job, *, checkpoint_dir: Optional[str] = None, metrics_port: int = METRICS_PORT, metrics_address: str = ALL_INTERFACES
+) -> TrainerConfig:
     """The trainer.yaml the workers read: the spec's trainer sections as written, plus what the operator derives.
 
     Derived: the checkpoint folder (the claim's mount path; the local runner
-    gives its own folder), rank 0's metrics port, and the node count.
+    gives its own folder), rank 0's metrics port and address (every interface
+    of a pod; the local runner's loopback), and the node count.
     """
-    return _sections(job.spec, checkpoint_dir=checkpoint_dir, metrics_port=metrics_port)
+    return _sections(job.spec, checkpoint_dir=checkpoint_dir, metrics_port=metrics_port, metrics_address=metrics_address)
 
 
-def _sections(spec: JobSpec, *, checkpoint_dir: Optional[str] = None, metrics_port: int = METRICS_PORT) -> TrainerConfig:
+def _sections(
+    spec: JobSpec, *, checkpoint_dir: Optional[str] = None, metrics_port: int = METRICS_PORT,
+    metrics_address: str = ALL_INTERFACES,
+) -> TrainerConfig:
     return TrainerConfig(
         model=spec.model,
         training=spec.training,
@@ -72,7 +81,7 @@ def _sections(spec: JobSpec, *, checkpoint_dir: Optional[str] = None, metrics_po
         data=spec.data.trainer_config(),
         watchdog=spec.watchdog,
         checkpoint=spec.checkpoint.trainer_config(checkpoint_dir or spec.checkpoint.mount_path),
-        metrics=replace(spec.metrics, port=metrics_port),
+        metrics=replace(spec.metrics, port=metrics_port, bind_address=metrics_address),
     )
 
 

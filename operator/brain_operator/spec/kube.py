@@ -22,6 +22,12 @@ ACCESS_MODES = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce
 SHARED_WRITE_MODES = ("ReadWriteMany",)
 GPU_RESOURCE = "nvidia.com/gpu"
 
+
+def is_namespace(name: str) -> bool:
+    """A valid namespace name: a DNS label."""
+    return len(name) <= DNS_LABEL_MAX and re.fullmatch(NAMESPACE_PATTERN, name) is not None
+
+
 # Quantity suffixes (resource.Quantity): binary, decimal, and below one.
 _SCALE = {"": 1, "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}

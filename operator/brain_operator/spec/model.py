@@ -313,6 +313,18 @@ class JobSpec(TrainerSections):
         return (self.nodes if low is None else low), (self.nodes if high is None else high)
 
 
+@dataclass(frozen=True)
+class NetworkAccess:
+    """Who, besides the job's own pods, may reach its workers: the metrics port only (docs/security.md).
+
+    The operator's namespace, because the operator polls rank 0's /progress by
+    pod IP; and the namespaces Prometheus scrapes /metrics from.
+    """
+
+    operator_namespace: Optional[str] = None
+    scrape_namespaces: tuple[str, ...] = ()
+
+
 @dataclass
 class Job:
     """A parsed BrainTrainingJob: identity from metadata plus the typed spec."""
@@ -323,3 +335,5 @@ class Job:
     generation: int
     spec: JobSpec
     checkpoint_request: Optional[str] = None  # the brain.ai/checkpoint-now annotation, when set
+    # The job's NetworkPolicy admits these (the operator's setting); None: no policy is rendered.
+    network: Optional[NetworkAccess] = NetworkAccess()

@@ -9,7 +9,7 @@ from brain_trainer.schema import ConfigError, FieldError, from_dict
 
 from ..names import CHECKPOINT_NOW_ANNOTATION, worker_pod_name
 from .defaults import OperatorDefaults
-from .kube import DNS_LABEL_MAX, NAME_PATTERN, NAMESPACE_PATTERN
+from .kube import DNS_LABEL_MAX, NAME_PATTERN, is_namespace
 from .model import Job, JobSpec
 from .overlay_policy import policy_problems
 from ..resource import API_VERSION, KIND
@@ -21,8 +21,9 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
     """Validate a BrainTrainingJob manifest into a Job, or raise ConfigError naming every bad field.
 
     `require_image=False` serves the local runner, which runs the trainer from
-    this checkout. `defaults` fill the image, pull policy and NCCL env a job omits,
-    and bound its pod overlay (without them, by the safe default policy).
+    this checkout. `defaults` fill the image, pull policy and NCCL env a job omits, bound its pod overlay
+    (without them, by the safe default policy) and say who may reach its workers (without them: a
+    NetworkPolicy admitting only the job's own pods).
     """
     if not isinstance(manifest, Mapping):
         raise ConfigError([FieldError("", f"a BrainTrainingJob must be a mapping, got {type(manifest).__name__}")])
@@ -51,7 +52,8 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
     if errors:
         raise ConfigError(errors)
     return Job(name=name, namespace=namespace, uid=uid, generation=generation, spec=spec,
-               checkpoint_request=_checkpoint_request(manifest.get("metadata")))
+               checkpoint_request=_checkpoint_request(manifest.get("metadata")),
+               network=(defaults or OperatorDefaults()).network)
 
 
 def _checkpoint_request(metadata: Any) -> Optional[str]:
@@ -72,7 +74,7 @@ def _metadata(metadata: Any, errors: list[FieldError]) -> tuple[Any, str, str, i
         )
         name = None
     namespace = metadata.get("namespace", "default")
-    if not isinstance(namespace, str) or len(namespace) > DNS_LABEL_MAX or not re.fullmatch(NAMESPACE_PATTERN, namespace):
+    if not isinstance(namespace, str) or not is_namespace(namespace):
         errors.append(FieldError("metadata.namespace", f"must be a DNS label, got {namespace!r}"))
     uid = metadata.get("uid", "")
     if not isinstance(uid, str):

@@ -250,6 +250,11 @@ class MetricsConfig:
     """What rank 0 reports: its HTTP endpoint (Prometheus metrics, the JSON progress document) and TensorBoard scalars."""
 
     port: int = setting(METRICS_PORT, minimum=0, maximum=65535, derived=True, help="rank 0 serves /metrics and /progress here; 0 disables")
+    bind_address: str = setting(
+        "127.0.0.1", derived=True,
+        help="the address rank 0's endpoint listens on: this machine only by default (braintrain run); the operator "
+        "writes 0.0.0.0 in a pod, whose NetworkPolicy says who may connect (docs/security.md)",
+    )
     tensorboard_dir: Optional[str] = setting(
         None, help="rank 0 writes TensorBoard scalars (loss, eval loss, learning rate, tokens/s, gradient norm, MFU, goodput) "
         "into this folder; "

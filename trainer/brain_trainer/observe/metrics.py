@@ -50,7 +50,7 @@ _INIT_MEMORY = {
 class MetricsServer:
     """Serves the latest published progress and metrics until closed."""
 
-    def __init__(self, port: int, host: str = "0.0.0.0"):
+    def __init__(self, port: int, host: str):
         self.registry = CollectorRegistry()
         self._gauges = {key: Gauge(name, doc, registry=self.registry) for key, (name, doc) in _FROM_PROGRESS.items()}
         self._steps = Counter(METRIC_PREFIX + "steps", "Optimizer steps this process ran", registry=self.registry)
@@ -167,12 +167,12 @@ class MetricsServer:
         return Handler
 
 
-def start_metrics_server(port: int) -> Optional[MetricsServer]:
-    """The server on `port`, or None when disabled (0) or the port is taken: metrics never stop training."""
+def start_metrics_server(port: int, host: str) -> Optional[MetricsServer]:
+    """The server on `host`:`port`, or None when disabled (0) or the port is taken: metrics never stop training."""
     if port == 0:
         return None
     try:
-        return MetricsServer(port)
+        return MetricsServer(port, host)
     except OSError as exc:
-        log.warning("metrics endpoint disabled: cannot listen on port %d: %s", port, exc.strerror)
+        log.warning("metrics endpoint disabled: cannot listen on %s port %d: %s", host, port, exc.strerror)
         return None

@@ -58,7 +58,7 @@ class Reporter:
         self.total_steps = cfg.training.steps
         self.log_interval = cfg.training.log_interval
         self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
-        self.metrics = start_metrics_server(cfg.metrics.port) if self.active else None
+        self.metrics = start_metrics_server(cfg.metrics.port, cfg.metrics.bind_address) if self.active else None
         self.tensorboard_dir = cfg.metrics.tensorboard_dir if self.active else None
         self.scalars: Optional[Scalars] = None
         self.last: Optional[Progress] = None
