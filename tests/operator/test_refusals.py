@@ -99,7 +99,7 @@ def test_a_pod_refused_by_validation_carries_the_field_in_its_event():
     assert condition(status, "CreateRefused")["message"] == message and status["reason"] == "FailedCreate"
     assert warnings(cluster) == [("FailedCreate", message)]
     assert ctx.retries.holds((NS, "demo"), time.monotonic())
-    assert sorted(cluster.kinds()) == ["ConfigMap", "Service"]  # what was accepted stays
+    assert sorted(cluster.kinds()) == ["ConfigMap", "NetworkPolicy", "Service"]  # what was accepted stays
 
 
 def test_an_exception_while_rendering_marks_the_job_invalid_instead_of_retrying(monkeypatch):
