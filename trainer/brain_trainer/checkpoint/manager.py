@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import AUTO, CheckpointConfig
-from ..contract import RUN_ID_ENV, STORAGE_FULL, restart_count
+from ..contract import ERROR, RUN_ID_ENV, STORAGE_FULL, restart_count
 from ..resilience.failures import Fatal, classify
 from ..schema import ConfigError, FieldError
 from . import compat, resume_from, shards, store
@@ -164,6 +164,7 @@ class CheckpointManager:
         refused, candidates = _broadcast((refused, candidates), self.group)
         if refused is not None:  # every rank fails the same way, before any step
             raise ConfigError([FieldError("checkpoint.resume_from", refused)])
+        partly_loaded: shards.RefusedCheckpoint | None = None
         for candidate in candidates:
             if candidate.manifest is None:
                 if self.rank == 0:
@@ -171,37 +172,62 @@ class CheckpointManager:
                 continue
             problems = _verify(candidate.path, candidate.manifest, self.group)
             if problems:
-                if self.rank == 0:
-                    moved = store.quarantine(candidate.path)
-                    log.error(
-                        "checkpoint %s is damaged (%s); moved to %s, falling back to the previous committed checkpoint",
-                        candidate.path, "; ".join(problems), moved.name,
-                    )
-                _barrier(self.group)
+                self._set_aside(candidate.path, f"is damaged ({'; '.join(problems)})")
                 continue
-            self._load(state, candidate)
+            # A refusal is raised on every rank alike; the checkpoint is moved aside, so no restart loads it again.
+            try:
+                template = self._template(state, candidate)  # reads .metadata: nothing is read into place yet
+            except shards.RefusedCheckpoint as exc:
+                self._set_aside(candidate.path, f"is refused ({exc})")
+                continue
+            try:
+                self._load(state, candidate, template)
+            except shards.RefusedCheckpoint as exc:
+                # Other tensors may have been read into place already: an older checkpoint overwrites them all.
+                self._set_aside(candidate.path, f"is refused ({exc})")
+                partly_loaded = exc
+                continue
             self._saved_step = self._last_save_step = state.step
             self.last_committed = (candidate.step, candidate.path)
             return state.step
+        if partly_loaded is not None:
+            # Nothing older to overwrite what the refused load read into place: this process's model is no
+            # longer its initial one, and a restart (which no longer sees the refused checkpoint) starts clean.
+            raise Fatal(ERROR, f"{partly_loaded}: no older committed checkpoint, and the refused one was partly "
+                               "read into the model; a restart starts from scratch")
         if self.rank == 0:
             log.info("no committed checkpoint in %s: starting from scratch (torchrun restart count %s)",
                      self.root, restart_count())
         return None
 
-    def _load(self, state: TrainState, candidate: store.Candidate) -> None:
-        manifest = candidate.manifest
+    def _set_aside(self, path: Path, verdict: str) -> None:
+        """A checkpoint that must not be loaded, moved to .corrupt (collective): kept for inspection, never retried."""
+        if self.rank == 0:
+            moved = store.quarantine(path)
+            log.error("checkpoint %s %s; moved to %s, falling back to the previous committed checkpoint",
+                      path, verdict, moved.name)
+        _barrier(self.group)
+
+    def _template(self, state: TrainState, candidate: store.Candidate) -> dict[str, Any]:
+        """What this rank loads of the candidate, once its .metadata says the model fits (nothing read into place)."""
         template = state.state_dict()
         saved = shards.saved_shapes(candidate.path)
         if rng_key(self.rank) not in saved:
             template.pop("rng")  # more ranks than at save time: this one keeps its own RNG
         # Before any load: every rank sees the same manifest and model, so all raise the same error, and
         # the error names the setting (DCP would say "Size mismatch" once per rank, and a restart retries it).
-        misfit = compat.mismatch(manifest, self.manifest_fields, shards.tensor_shapes(template["model"]),
+        misfit = compat.mismatch(candidate.manifest, self.manifest_fields, shards.tensor_shapes(template["model"]),
                                  shards.tensor_shapes(saved, MODEL_PREFIX), candidate.path.name)
         if misfit is not None:
             raise misfit
+        return template
+
+    def _load(self, state: TrainState, candidate: store.Candidate, template: dict[str, Any]) -> None:
+        manifest = candidate.manifest
         try:
             shards.load(template, candidate.path, self.group)
+        except shards.RefusedCheckpoint:
+            raise  # not this model's or optimizer's problem: the checkpoint's (_restore)
         except shards.LOAD_ERRORS as exc:
             failure = compat.load_failure(candidate.path.name, exc)
             if failure is None:

@@ -3,32 +3,147 @@
 Every rank writes only the shards it owns (DCP deduplicates replicated
 tensors, e.g. under DDP, and spreads their writes over the ranks) and records
 their sizes and checksums; rank 0 then commits the folder (store.commit).
+
+Reading is the project's one way into a checkpoint, and it runs no code from
+it: DCP's `.metadata` is a pickle, unpickled here admitting only the classes
+DCP's metadata is made of; its non-tensor items (numbers, strings, the
+optimizer's param groups) are torch.save pickles, loaded here with torch's
+weights-only unpickler (DCP's own planner loads them with weights_only=False).
+Anything else raises RefusedCheckpoint, naming the file and what it holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import os
+import pickle
+import re
 import sys
 import warnings
 from concurrent.futures import Future
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator, Optional
+from pathlib import Path, PosixPath, PurePosixPath
+from typing import IO, Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    _MEM_FORMAT_ENCODING,
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.futures import Future as TorchFuture
+from torch.serialization import _get_layout
 from torch.utils.serialization import config as serialization_config
 
+from ..resilience.failures import causes
 from . import store
+
+METADATA_FILE = ".metadata"  # DCP's name for it
+ONLY_DATA = "a checkpoint holds only data; see docs/security.md"
+
+
+class RefusedCheckpoint(Exception):
+    """A checkpoint file holds something other than data, so it is not loaded: `path` is the file, `problem` what."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(path, problem)
+        self.path = path
+        self.problem = problem
+
+    @property
+    def reason(self) -> str:
+        return f"{self.problem} ({ONLY_DATA})"
+
+    def __str__(self) -> str:
+        return f"{self.path.parent.name}/{self.path.name}: {self.reason}"
+
+
+# What DCP's .metadata is made of (found by logging find_class over plain, DDP and FSDP2 checkpoints with
+# optimizer state): its dataclasses, torch.Size, the path in StorageMeta, and layouts by name
+# (_get_layout returns only a torch.layout). Dtypes are admitted by value below.
+_METADATA_GLOBALS = {
+    (obj.__module__, obj.__qualname__): obj
+    for obj in (Metadata, MetadataIndex, StorageMeta, TensorProperties, TensorStorageMetadata, BytesStorageMetadata,
+                ChunkStorageMetadata, _MEM_FORMAT_ENCODING, _StorageInfo, torch.Size, PosixPath, PurePosixPath,
+                _get_layout)
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """pickle's Unpickler admitting only DCP metadata's globals: no other callable can be reached, so no code runs."""
+
+    def __init__(self, file: IO[bytes], path: Path):
+        super().__init__(file)
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = _METADATA_GLOBALS.get((module, name))
+        if found is None and module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            found = getattr(torch, name)  # a dtype pickles as the global torch.<name>
+        if found is None:
+            raise RefusedCheckpoint(self.path, f"refuses to unpickle {module}.{name}")
+        return found
+
+
+def read_metadata(path: Path) -> Metadata:
+    """DCP's .metadata at `path`, unpickled admitting only its own classes; its files must lie in its folder."""
+    with open(path, "rb") as file:
+        metadata = _MetadataUnpickler(file, path).load()
+    if not isinstance(metadata, Metadata):
+        raise RefusedCheckpoint(path, f"holds a {type(metadata).__name__}, not DCP's Metadata")
+    for info in (metadata.storage_data or {}).values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+            # DCP would open whatever path is written here: a shard is a file of this folder, nothing else.
+            raise RefusedCheckpoint(path, f"names {name!r} as a shard, not a file of its folder")
+    return metadata
+
+
+_GLOBAL = re.compile(r"GLOBAL (\S+)")
+
+
+def _refusal(message: str) -> str:
+    """What torch's weights-only unpickler refused, named as the .metadata check names it."""
+    found = _GLOBAL.search(message)
+    if found is None:
+        return "is not plain data"
+    name = found.group(1)  # torch's message drops the module of builtins
+    return f"refuses to unpickle {name if '.' in name else 'builtins.' + name}"
+
+
+class _DataOnlyPlanner(DefaultLoadPlanner):
+    """DCP's load planner, loading non-tensor items with torch's weights-only unpickler (DCP's: weights_only=False)."""
+
+    def __init__(self, folder: Path):
+        super().__init__()
+        self.folder = folder
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            file = self.folder / self.metadata.storage_data[read_item.storage_index].relative_path
+            raise RefusedCheckpoint(file, f"{read_item.storage_index.fqn}: {_refusal(str(exc))}") from None
+        fqn = read_item.dest_index.fqn
+        if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes puts it
+            set_element(self.original_state_dict, self.mappings[fqn], loaded)
+        else:
+            self.state_dict[fqn] = loaded
 
 
 class _ChecksummedFiles(FileSystem):
@@ -120,7 +235,16 @@ class ShardReader(dcp.FileSystemReader):
     takes of the saved one is whole rows (all of it when resuming at the same
     world size, a range of rows after resharding dim-0 shards), one read from
     the file fills it instead. Everything else takes DCP's own path.
+    Its metadata is read by read_metadata, which runs no code from the file.
     """
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = read_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
+        # As FileSystemReader.read_metadata finishes it: DCP's load reads this id.
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> TorchFuture:
         by_file: dict[str, list[ReadItem]] = {}
@@ -161,7 +285,7 @@ class ShardReader(dcp.FileSystemReader):
 
 def saved_shapes(folder: Path) -> dict[str, Optional[tuple[int, ...]]]:
     """Every key of a checkpoint with its tensor's global shape (None: not a tensor), from DCP's .metadata."""
-    metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    metadata = read_metadata(folder / METADATA_FILE).state_dict_metadata
     return {key: tuple(meta.size) if isinstance(meta, TensorStorageMetadata) else None for key, meta in metadata.items()}
 
 
@@ -182,14 +306,39 @@ def tensor_shapes(entries: dict[str, Any], prefix: str = "") -> dict[str, tuple[
 LOAD_ERRORS = (Exception, CheckpointException)
 
 
+@contextmanager
+def _refusals_named() -> Iterator[None]:
+    """A refusal on any rank is raised as itself on every rank (DCP hands each rank every rank's errors)."""
+    try:
+        yield
+    except CheckpointException as exc:
+        refused = next((cause for cause in causes(exc) if isinstance(cause, RefusedCheckpoint)), None)
+        if refused is None:
+            raise
+        raise refused from exc
+
+
+def _load(state_dict: dict[str, Any], folder: Path, **where: Any) -> None:
+    with _refusals_named():
+        dcp.load(state_dict, storage_reader=ShardReader(folder), planner=_DataOnlyPlanner(folder), **where)
+
+
 def load(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> None:
-    """Fill state_dict in place from folder, resharding to this run's layout as needed."""
-    dcp.load(state_dict, storage_reader=ShardReader(folder), **_dist_kwargs(group))
+    """Fill state_dict in place from folder, resharding to this run's layout as needed.
+
+    Raises RefusedCheckpoint, on every rank, when a file holds more than data.
+    """
+    _load(state_dict, folder, **_dist_kwargs(group))
+
+
+def load_local(state_dict: dict[str, Any], folder: Path) -> None:
+    """`load` in this process alone, with no process group (export, tests)."""
+    _load(state_dict, folder, no_dist=True)
 
 
 def load_prefix(folder: Path, prefix: str) -> dict[str, Any]:
     """The entries under `prefix.` as full, unsharded values, read in this process alone."""
-    metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    metadata = read_metadata(folder / METADATA_FILE).state_dict_metadata
     template: dict[str, Any] = {}
     for key, meta in metadata.items():
         if not key.startswith(prefix + "."):
@@ -198,5 +347,5 @@ def load_prefix(folder: Path, prefix: str) -> dict[str, Any]:
             template[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
         elif isinstance(meta, BytesStorageMetadata):
             template[key] = None
-    dcp.load(template, storage_reader=ShardReader(folder), no_dist=True)
+    load_local(template, folder)
     return {key[len(prefix) + 1 :]: value for key, value in template.items()}

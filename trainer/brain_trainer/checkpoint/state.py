@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import pickle
+import base64
+import json
+import logging
 import random
 from typing import Any
 
@@ -13,6 +15,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 
+log = logging.getLogger(__name__)
+
 MODEL_PREFIX = "model."  # the flattened checkpoint keys of the model's state dict (TrainState.state_dict)
 
 
@@ -21,23 +25,37 @@ def rng_key(rank: int) -> str:
     return f"rng.rank{rank}"
 
 
-def _capture_rng() -> bytes:
-    states = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-    return pickle.dumps(states)
+def _bytes_text(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
 
 
-def _restore_rng(blob: bytes) -> None:
-    states = pickle.loads(blob)
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(states["cuda"])
+def _text_bytes(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def _capture_rng() -> str:
+    """This process's RNG states as JSON text: a checkpoint holds data, never a pickle (docs/security.md)."""
+    version, words, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return json.dumps({
+        "python": [version, list(words), gauss],
+        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+        "torch": _bytes_text(torch.get_rng_state()),
+        "cuda": [_bytes_text(state) for state in cuda],
+    })
+
+
+def _restore_rng(text: str) -> None:
+    states = json.loads(text)
+    version, words, gauss = states["python"]
+    random.setstate((version, tuple(words), gauss))
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(_text_bytes(states["torch"]))
+    cuda = [_text_bytes(state) for state in states["cuda"]]
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 class TrainState(Stateful):
@@ -86,6 +104,10 @@ class TrainState(Stateful):
             self.scaler.load_state_dict(state_dict["scaler"])
         self.step = int(state_dict["progress"]["step"])
         self.sample_index = int(state_dict["progress"]["sample_index"])
-        blob = state_dict.get("rng", {}).get(f"rank{self.rank}")
-        if blob:
-            _restore_rng(blob)
+        saved = state_dict.get("rng", {}).get(f"rank{self.rank}")
+        if isinstance(saved, bytes):
+            # Written before RNG states were JSON: a pickle, which would run whatever it names. Never unpickled.
+            log.warning("%s is a pickle (an older checkpoint): not unpickled; rank %d keeps its own RNG states",
+                        rng_key(self.rank), self.rank)
+        elif saved:
+            _restore_rng(saved)

@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from ..checkpoint import store
+from ..checkpoint import shards, store
 from ..config.presets import preset_config
 from ..parallel.fsdp import DTYPES
 from ..schema import to_dict
@@ -86,7 +85,7 @@ class Tensor:
 
 def model_tensors(folder: Path, dtype: Optional[str]) -> list[Tensor]:
     """The checkpoint's model tensors in saved order; floating-point ones cast to `dtype` when given."""
-    metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    metadata = shards.read_metadata(folder / shards.METADATA_FILE).state_dict_metadata
     tensors = []
     for key, meta in metadata.items():
         if not key.startswith(MODEL_PREFIX) or not isinstance(meta, TensorStorageMetadata):
@@ -100,7 +99,7 @@ def model_tensors(folder: Path, dtype: Optional[str]) -> list[Tensor]:
 def read_tensors(folder: Path, batch: list[Tensor]) -> dict[str, torch.Tensor]:
     """Whole tensors of one batch, read in this process (no process group), from any world size's shards."""
     template = {MODEL_PREFIX + t.name: torch.empty(t.shape, dtype=t.source) for t in batch}
-    dcp.load(template, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+    shards.load_local(template, folder)
     return {key[len(MODEL_PREFIX) :]: value for key, value in template.items()}
 
 
@@ -144,9 +143,8 @@ def model_description(manifest: dict[str, Any], tensors: list[Tensor], dtype: to
     return described
 
 
-def _write_all(folder: Path, manifest: dict[str, Any], work: Path, dtype: Optional[str],
+def _write_all(folder: Path, manifest: dict[str, Any], tensors: list[Tensor], work: Path, dtype: Optional[str],
                max_shard_size: Optional[int]) -> int:
-    tensors = model_tensors(folder, dtype)
     if not tensors:
         raise ExportError(f"{folder} holds no model state")
     groups = st.plan_shards(((t.name, t.target_bytes) for t in tensors), max_shard_size)
@@ -179,11 +177,15 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: Optiona
     problems = store.verify_files(folder, manifest["files"], sorted(manifest["files"]))
     if problems:
         raise ExportError(f"{folder} is damaged: {'; '.join(problems)}")
+    try:
+        tensors = model_tensors(folder, dtype)  # the only pickle export reads: tensors load weights-only
+    except shards.RefusedCheckpoint as exc:
+        raise ExportError(f"{exc.path}: {exc.reason}") from None
     work = out.with_name(out.name + store.TMP_SUFFIX)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        files = _write_all(folder, manifest, work, dtype, max_shard_size)
+        files = _write_all(folder, manifest, tensors, work, dtype, max_shard_size)
         if out.exists():  # replaced only now that the new export is complete
             doomed = out.with_name(out.name + DELETING_SUFFIX)
             os.rename(out, doomed)

@@ -71,6 +71,8 @@ class CheckpointSource:
             saved = shards.saved_shapes(folder)
         except store.ManifestError as exc:
             raise ConfigError([FieldError(FIELD, str(exc))]) from None
+        except shards.RefusedCheckpoint as exc:  # a user's folder: named, never moved
+            raise init_from_error(exc.path, exc.reason) from None
         except Exception as exc:  # DCP's .metadata missing or unreadable
             raise init_from_error(folder / ".metadata", f"unreadable ({type(exc).__name__}: {exc}): damaged") from None
         problem = first_mismatch(expected, shards.tensor_shapes(saved, MODEL_PREFIX))
@@ -82,6 +84,8 @@ class CheckpointSource:
             load_model(self.folder, model)  # verifies every file against the manifest first
         except store.ManifestError as exc:
             raise ConfigError([FieldError(FIELD, str(exc))]) from None
+        except shards.RefusedCheckpoint as exc:
+            raise init_from_error(exc.path, exc.reason) from None
 
     def provenance(self) -> dict[str, Any]:
         return {"path": str(self.folder), "step": self.manifest.get("step"),

@@ -1,0 +1,201 @@
+"""Checkpoints cannot run code (docs/security.md#checkpoints): real saves, hostile pickles.
+
+Each hostile payload, once unpickled, creates a marker file; a sanity check
+shows it does. Resume, model.init_from and export then read the tampered
+checkpoint (its manifest's checksums fixed up, as an attacker who can write
+the folder would): no marker, the file and the refused global named, a
+resumed checkpoint moved aside and the previous one loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+
+from harness import run_ranks
+
+from brain_trainer.checkpoint import CheckpointManager, TrainState, shards, store
+from brain_trainer.checkpoint.state import rng_key
+from brain_trainer.config import CheckpointConfig
+from brain_trainer.model import export as exporter
+from brain_trainer.model.init_from import open_source
+from brain_trainer.resilience.failures import Fatal
+from brain_trainer.schema import ConfigError
+
+
+class Payload:
+    """Unpickled, runs exec: creates `marker`."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').close()",)
+
+
+def _state() -> TrainState:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return TrainState(model, optim, torch.optim.lr_scheduler.LambdaLR(optim, lambda step: 1.0))
+
+
+class _RngAs(TrainState):
+    """Saves `rng` in place of this rank's RNG states (the model and the rest as usual)."""
+
+    def __init__(self, rng: object):
+        fresh = _state()
+        super().__init__(fresh.model, fresh.optimizer, fresh.scheduler)
+        self.rng = rng
+
+    def state_dict(self):
+        return {**super().state_dict(), "rng": {f"rank{self.rank}": self.rng}}
+
+
+def _manager(root: Path, rank: int = 0, world_size: int = 1) -> CheckpointManager:
+    return CheckpointManager(CheckpointConfig(dir=str(root), interval_steps=0, keep_last=5, async_save=False),
+                             rank=rank, world_size=world_size, config_hash="h")
+
+
+def _save(root: Path, state: TrainState, step: int, rank: int = 0, world_size: int = 1) -> Path:
+    state.step = state.sample_index = step
+    _manager(root, rank, world_size).finish(state)
+    return root / store.step_dir_name(step)
+
+
+def _tamper_metadata(folder: Path, marker: Path) -> None:
+    """.metadata replaced by a hostile pickle, the manifest's checksum fixed up: the CRC still verifies."""
+    (folder / shards.METADATA_FILE).write_bytes(pickle.dumps(Payload(marker)))
+    manifest = json.loads((folder / store.MANIFEST).read_text())
+    manifest["files"][shards.METADATA_FILE] = store.file_digest(folder / shards.METADATA_FILE)
+    (folder / store.MANIFEST).write_text(json.dumps(manifest))
+
+
+def _restore(root: Path, caplog) -> tuple[TrainState, int | None]:
+    state = _state()
+    with caplog.at_level(logging.INFO, logger="brain_trainer"):
+        step = _manager(root).restore(state)
+    return state, step
+
+
+def test_the_payload_runs_when_unpickled(tmp_path):
+    pickle.loads(pickle.dumps(Payload(tmp_path / "ran")))
+    assert (tmp_path / "ran").exists()
+
+
+def test_a_hostile_metadata_is_named_moved_aside_and_the_previous_checkpoint_resumed(tmp_path, caplog):
+    marker = tmp_path / "ran"
+    _save(tmp_path / "ckpt", _state(), 2)
+    hostile = _save(tmp_path / "ckpt", _state(), 4)
+    _tamper_metadata(hostile, marker)
+
+    state, step = _restore(tmp_path / "ckpt", caplog)
+
+    assert not marker.exists()
+    assert step == 2 and state.step == 2
+    assert not hostile.exists() and hostile.with_name(hostile.name + store.CORRUPT_SUFFIX).is_dir()
+    assert ("step-00000004/.metadata: refuses to unpickle builtins.exec (a checkpoint holds only data; "
+            "see docs/security.md)") in caplog.text
+    assert "moved to step-00000004.corrupt, falling back to the previous committed checkpoint" in caplog.text
+
+
+def test_a_hostile_item_is_refused_and_the_previous_checkpoint_overwrites_what_it_read(tmp_path, caplog):
+    marker = tmp_path / "ran"
+    good = _state()
+    _save(tmp_path / "ckpt", good, 2)
+    _save(tmp_path / "ckpt", _RngAs(Payload(marker)), 4)  # DCP torch.saves it: a pickle in the shard file
+
+    state, step = _restore(tmp_path / "ckpt", caplog)
+
+    assert not marker.exists()
+    assert step == 2
+    for name, value in good.model.state_dict().items():  # nothing of step 4's model left
+        assert torch.equal(state.model.state_dict()[name], value), name
+    assert "step-00000004/__0_0.distcp: rng.rank0: refuses to unpickle builtins.exec" in caplog.text
+    assert (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
+
+
+def test_a_refused_load_with_nothing_older_fails_named_and_the_restart_starts_clean(tmp_path, caplog):
+    marker = tmp_path / "ran"
+    _save(tmp_path / "ckpt", _RngAs(Payload(marker)), 4)
+
+    with pytest.raises(Fatal, match=r"__0_0.distcp: rng.rank0: refuses to unpickle builtins.exec .*partly read"):
+        _restore(tmp_path / "ckpt", caplog)
+    assert not marker.exists()
+
+    assert _restore(tmp_path / "ckpt", caplog)[1] is None  # the restart: the refused checkpoint is aside
+
+
+def hostile_on_rank_one(rank: int, world_size: int, root: str, marker: str) -> tuple[int | None, bool]:
+    _save(Path(root), _state(), 2, rank, world_size)
+    _save(Path(root), _RngAs(Payload(Path(marker))) if rank == 1 else _state(), 4, rank, world_size)
+    state = _state()
+    step = _manager(Path(root), rank, world_size).restore(state)
+    return step, Path(marker).exists()
+
+
+def test_a_refusal_on_one_rank_moves_every_rank_to_the_previous_checkpoint(tmp_path):
+    marker = tmp_path / "ran"
+    assert run_ranks(hostile_on_rank_one, 2, str(tmp_path / "ckpt"), str(marker)) == [(2, False), (2, False)]
+    assert not marker.exists() and (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
+
+
+def test_an_old_pickled_rng_state_is_never_unpickled(tmp_path, caplog):
+    marker = tmp_path / "ran"
+    _save(tmp_path / "ckpt", _RngAs(pickle.dumps(Payload(marker))), 4)  # how RNG states were saved before
+
+    state, step = _restore(tmp_path / "ckpt", caplog)
+
+    assert not marker.exists()
+    assert step == 4 and state.step == 4
+    assert f"{rng_key(0)} is a pickle (an older checkpoint): not unpickled; rank 0 keeps its own RNG states" \
+        in caplog.text
+
+
+def _draws() -> list[float]:
+    return [*torch.rand(3).tolist(), random.random(), random.gauss(0, 1), float(np.random.normal())]
+
+
+def test_rng_states_resume_exactly(tmp_path, caplog):
+    state = _state()
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    random.gauss(0, 1), np.random.normal()  # cached gaussians are part of the states
+    _save(tmp_path / "ckpt", state, 2)
+    expected = _draws()
+
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    _restore(tmp_path / "ckpt", caplog)
+    assert _draws() == expected
+
+
+def test_init_from_and_export_refuse_a_hostile_metadata_and_move_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    folder = _save(tmp_path / "ckpt", _state(), 2)
+    _tamper_metadata(folder, marker)
+
+    with pytest.raises(ConfigError, match=r"model\.init_from: .*step-00000002/\.metadata: refuses to unpickle "
+                                          r"builtins\.exec \(a checkpoint holds only data"):
+        open_source(str(folder), _state().model)
+    with pytest.raises(exporter.ExportError, match=r"step-00000002/\.metadata: refuses to unpickle builtins\.exec"):
+        exporter.export(folder, tmp_path / "out")
+
+    assert not marker.exists()
+    assert folder.is_dir() and not (tmp_path / "out").exists()
+
+
+def test_metadata_naming_a_file_outside_its_folder_is_refused(tmp_path):
+    forged = Metadata(state_dict_metadata={},
+                      storage_data={MetadataIndex("model.w"): _StorageInfo("../../etc/passwd", 0, 10)})
+    (tmp_path / shards.METADATA_FILE).write_bytes(pickle.dumps(forged))
+    with pytest.raises(shards.RefusedCheckpoint, match="names '../../etc/passwd' as a shard"):
+        shards.read_metadata(tmp_path / shards.METADATA_FILE)
