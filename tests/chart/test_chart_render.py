@@ -109,7 +109,7 @@ def test_helm_lint_reports_no_errors_or_warnings(value_sets, version):
         ({"trainer": {"imagePullPolicy": "Sometimes"}}, "/trainer/imagePullPolicy': value must be one of"),
         ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
         ({"trainer": {"image": "registry.example.com/trainer:1"}}, "/trainer/image': got string, want object"),
-        ({"trainer": {"image": {"repository": "r", "tag": "1", "digest": "sha256:0"}}}, "additional properties 'digest'"),
+        ({"trainer": {"image": {"repository": "r", "tag": "1", "digest": "sha256:0"}}}, "/trainer/image/digest': 'sha256:0' does not match pattern"),
         ({"logging": {"format": "xml"}}, "/logging/format': value must be one of"),
         ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}}, "/metrics/serviceMonitor/interval"),
         ({"rbac": {"aggregateToDefaultRoles": "no"}}, "got string, want boolean"),
@@ -390,3 +390,12 @@ def test_trainer_pull_secrets_reach_every_job_through_the_operator(version):
     with helm.Chart.load(CHART) as chart:
         with pytest.raises(helm.HelmValuesError, match="/trainer/imagePullSecrets/0"):
             chart.render({"trainer": {"imagePullSecrets": ["org-registry"]}}, name="brain", namespace="brain-system")
+
+
+def test_an_image_digest_pins_both_images_instead_of_their_tags():
+    digest = "sha256:" + "ab" * 32
+    objects = render_objects({"image": {"tag": "9.9", "digest": digest}, "trainer": {"image": {"digest": digest}}})
+    assert _operator_container(objects)["image"] == f"ghcr.io/brain-ai/brain-train-operator@{digest}"
+    assert _operator_env(objects)["BRAIN_TRAINER_IMAGE"] == f"ghcr.io/brain-ai/brain-train-trainer@{digest}"
+    with pytest.raises(Exception, match="digest"):
+        render_objects({"image": {"digest": "latest"}})
