@@ -10,7 +10,6 @@ path; render/overlay.py merges the rest (docs/operator.md, "The pod overlay").
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
