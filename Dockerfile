@@ -39,11 +39,16 @@ RUN if ! command -v python3 >/dev/null; then \
 # torch first, from the index that matches the base (CPU or a CUDA version), so
 # the project's own `torch==` pin below is already satisfied.
 RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
-# The project's own wheel, a local file (hadolint cannot see that it is pinned).
+# Every other runtime dependency from the hashed lock (requirements/trainer.lock,
+# `make lock`): pip refuses a version that is not pinned or a file whose hash differs.
+RUN --mount=type=bind,source=requirements/trainer.lock,target=/tmp/trainer.lock \
+    pip install --no-cache-dir --require-hashes -r /tmp/trainer.lock
+# The project's own wheel, a local file (hadolint cannot see that it is pinned);
+# its dependencies are all installed above, so nothing unhashed comes with it.
 # hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     set -- /wheels/*.whl \
-    && pip install --no-cache-dir "$1[trainer]"
+    && pip install --no-cache-dir --no-deps "$1"
 WORKDIR /tmp
 USER 1000:1000
 ENTRYPOINT ["torchrun"]

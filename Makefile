@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint crd images kind-e2e clean
+.PHONY: setup demo test lint crd images lock kind-e2e clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,13 @@ test: setup
 images:
 	docker build --target trainer --tag $(or $(TRAINER_IMAGE),brain-train/trainer:dev) $(TRAINER_BUILD_ARGS) .
 	docker build --target operator --tag $(or $(OPERATOR_IMAGE),brain-train/operator:dev) .
+
+# The trainer image's hashed lock (everything but torch, which comes from the index of the base
+# image's CUDA version) from requirements/trainer.in; run after changing a dependency.
+lock:
+	$(PY) -m pip install --quiet pip-tools
+	$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --no-strip-extras --no-emit-index-url --no-emit-find-links \
+		--output-file=requirements/trainer.lock requirements/trainer.in
 
 # End to end on kind (docker, kind, kubectl, helm): DRY_RUN=1 prints the plan, TEARDOWN=1 deletes the cluster.
 kind-e2e:

@@ -187,3 +187,18 @@ def test_images_run_as_the_uid_their_pods_ask_for():
     with helm.Chart.load(REPO / "charts" / "brain-operator") as chart:
         deployment = yaml.safe_load(chart.render(name="brain", namespace="ops")["brain-operator/templates/deployment.yaml"])
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == _final_uid("operator")
+
+
+def test_the_trainer_installs_every_dependency_but_torch_from_a_hashed_lock():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    wanted = [*pyproject["project"]["dependencies"], *pyproject["project"]["optional-dependencies"]["trainer"]]
+    names = {re.split(r"[<>=!~\[ ]", req, maxsplit=1)[0].lower().replace("_", "-") for req in wanted} - {"torch"}
+    lock = (REPO / "requirements" / "trainer.lock").read_text()
+    pins = re.findall(r"^([a-z0-9][a-z0-9._-]*)==\S+ \\\n((?:\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", lock, re.M)
+    locked = {name for name, _ in pins}
+    assert names <= locked and "torch" not in locked, names - locked
+    assert len(pins) == len(re.findall(r"^\S+==", lock, re.M)), "every pin carries its hashes"
+    assert not re.search(r"^--(extra-)?index-url|^--find-links", lock, re.M)  # no machine's own mirror
+    runs = STAGES["trainer"].all("RUN")
+    assert any("--require-hashes -r /tmp/trainer.lock" in run for run in runs)
+    assert any("--no-deps" in run and "/wheels/" in run for run in runs)

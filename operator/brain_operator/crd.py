@@ -207,7 +207,7 @@ def _rows(cls: type, prefix: str) -> list[str]:
             or (core.get("description", "").split(". ")[0] if core else "")
             or ((inner.__doc__ or "").strip().splitlines()[0] if inner else "")
         )
-        type_text = corev1.POD_SPEC_FIELDS[key_for(f, True)] if core else _type_name(tp)
+        type_text = corev1.CORE_FIELDS[key_for(f, True)] if core else _type_name(tp)
         cells = [f"`{path}`", type_text, _default_text(f), _constraints(f), " ".join(help_text.split()).replace("|", "\\|")]
         rows.append("| " + " | ".join(cells) + " |")
         if inner is not None:

@@ -112,7 +112,7 @@ def test_helm_lint_reports_no_errors_or_warnings(value_sets, version):
         ({"networkPolicy": {"scrapeNamespaces": ["Monitoring"]}}, "/networkPolicy/scrapeNamespaces/0"),
         ({"networkPolicy": {"enabled": "no"}}, "/networkPolicy/enabled"),
         ({"trainer": {"image": "registry.example.com/trainer:1"}}, "/trainer/image': got string, want object"),
-        ({"trainer": {"image": {"repository": "r", "tag": "1", "digest": "sha256:0"}}}, "additional properties 'digest'"),
+        ({"trainer": {"image": {"repository": "r", "tag": "1", "digest": "sha256:0"}}}, "/trainer/image/digest': 'sha256:0' does not match pattern"),
         ({"logging": {"format": "xml"}}, "/logging/format': value must be one of"),
         ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}}, "/metrics/serviceMonitor/interval"),
         ({"rbac": {"aggregateToDefaultRoles": "no"}}, "got string, want boolean"),
@@ -432,3 +432,12 @@ def test_the_overlay_policy_reaches_the_operator_as_it_reads_it():
             chart.render({"podOverlayPolicy": {"hostPID": True}}, name="brain", namespace="brain-system")
         with pytest.raises(helm.HelmValuesError, match="/podOverlayPolicy/privileged"):
             chart.render({"podOverlayPolicy": {"privileged": "yes"}}, name="brain", namespace="brain-system")
+
+
+def test_an_image_digest_pins_both_images_instead_of_their_tags():
+    digest = "sha256:" + "ab" * 32
+    objects = render_objects({"image": {"tag": "9.9", "digest": digest}, "trainer": {"image": {"digest": digest}}})
+    assert _operator_container(objects)["image"] == f"ghcr.io/brain-ai/brain-train-operator@{digest}"
+    assert _operator_env(objects)["BRAIN_TRAINER_IMAGE"] == f"ghcr.io/brain-ai/brain-train-trainer@{digest}"
+    with pytest.raises(Exception, match="digest"):
+        render_objects({"image": {"digest": "latest"}})

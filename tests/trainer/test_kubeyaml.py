@@ -159,3 +159,44 @@ def test_trainer_config_round_trips_through_its_yaml(tmp_path):
     again = TrainerConfig.from_dict(read_yaml(path))
     assert again == config and again.data.path == "1e5" and again.training.weight_decay == 1e-5
 
+
+
+def billion_laughs(levels=10):
+    """Ten anchors, each a list of nine aliases of the one before: 9**10 strings if anything expanded it."""
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_bomb_is_refused_before_it_expands_with_kubectls_line(tmp_path, monkeypatch):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(billion_laughs())
+    with pytest.raises(helm.errors.HelmValuesError, match="yaml: document contains excessive aliasing"):
+        helm.values_from_yaml(bomb.read_text())  # what kubectl says (sigs.k8s.io/yaml, go-yaml v2)
+    steps = []
+    monkeypatch.setattr(kubeyaml, "_allowed_alias_ratio", lambda decodes: steps.append(decodes) or 0.99)
+    monkeypatch.setattr(kubeyaml.Loader, "construct_object", lambda *a, **k: pytest.fail("built before refused"))
+    with pytest.raises(ConfigError) as caught:
+        read_yaml(bomb)
+    [line] = [str(error) for error in caught.value.errors]
+    assert line.startswith(f"{bomb}: not valid YAML: document contains excessive aliasing") and "\n" not in line
+    # The rule is judged from the 1001st decode on and breaks within a few thousand nodes, of 9**10 expanded.
+    assert steps[0] == 1001 and steps[-1] < 2000
+
+
+def test_anchors_within_kubectls_ratio_still_work():
+    text = "base: &b {a: 1, b: [1, 2, 3]}\n" + "".join(f"k{i}: *b\n" for i in range(200))
+    assert kubeyaml.load(text) == helm.values_from_yaml(text)
+
+
+@pytest.mark.parametrize("text", ["v: " + "[" * 600 + "]" * 600, "".join(f"{'  ' * i}k:\n" for i in range(600)) + f"{'  ' * 600}k: 1\n"])
+def test_nesting_past_the_depth_limit_is_one_line_not_a_recursion_error(text, tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        read_yaml(deep)
+    [line] = [str(error) for error in caught.value.errors]
+    assert line.startswith(f"{deep}: not valid YAML: exceeded max depth of {kubeyaml.MAX_DEPTH}") and "\n" not in line
+    assert len(line) < 400
+    nested = "v: " + "[" * (kubeyaml.MAX_DEPTH - 1) + "]" * (kubeyaml.MAX_DEPTH - 1)
+    assert kubeyaml.load(nested) == helm.values_from_yaml(nested)  # the deepest document that is read

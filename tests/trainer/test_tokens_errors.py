@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import zlib
 
 import numpy as np
 import pyarrow
@@ -245,3 +246,22 @@ def test_the_trainer_refuses_a_seq_len_longer_than_the_validation_split(tmp_path
     line = trainer_fails(capsys, folder, tmp_path, seq_len=100, eval_interval=1)
     assert line == (f"{folder}: the validation split holds 64 tokens, fewer than one sequence "
                     "(seq_len + 1 = 101); lower training.seq_len or prepare more data")
+
+
+def test_a_token_id_outside_the_vocabulary_is_a_data_error_naming_the_file_and_the_id(copy):
+    # A shard whose ids the model has no embedding for (a hand-edited or mismatched file with a matching
+    # manifest) stops at open as data-error, not as a generic error or a device-side assert mid-training.
+    manifest = json.loads((copy / "manifest.json").read_text())
+    shard = copy / manifest["train"]["shards"][1]["name"]
+    tokens = np.fromfile(shard, dtype=manifest["dtype"])
+    vocab = manifest["tokenizer"]["vocab_size"]
+    tokens[7], tokens[9] = vocab, vocab + 5
+    tokens.tofile(shard)
+    manifest["train"]["shards"][1]["crc32"] = f"{zlib.crc32(shard.read_bytes()):08x}"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError) as caught:
+        TokenDataset(copy, 16)
+    assert caught.value.reason == DATA_ERROR
+    assert str(caught.value) == (f"{shard}: token id {vocab} at token 7 is outside the tokenizer's vocabulary of {vocab} ids "
+                                 f"(the file does not match {copy / 'manifest.json'})")
+    TokenDataset(copy, 16, split="validation")  # the other split is intact

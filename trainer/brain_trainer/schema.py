@@ -24,10 +24,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import reprlib
 import types
 import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Callable, Iterable, Mapping
+
+# How much of a value or a path an error message quotes: what it was given may be a megabyte, or 10000 deep.
+QUOTE_LIMIT = 80
+PATH_LIMIT = 200
+_QUOTE = reprlib.Repr()
+_QUOTE.maxlevel, _QUOTE.maxstring, _QUOTE.maxother = 3, QUOTE_LIMIT, QUOTE_LIMIT
 
 # How a `check` spells another field: `name("training.micro_batch_size")`.
 Names = Callable[[str], str]
@@ -45,6 +52,7 @@ __all__ = [
     "in_view",
     "camel",
     "is_int_or_string",
+    "quoted",
 ]
 
 
@@ -54,7 +62,9 @@ class FieldError:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        # A path carries the user's own keys; an unknown key a megabyte long stays one short line.
+        path = self.path if len(self.path) <= PATH_LIMIT else f"{self.path[:PATH_LIMIT]}... ({len(self.path)} characters)"
+        return f"{path}: {self.message}" if self.path else self.message
 
 
 class ConfigError(ValueError):
@@ -148,8 +158,10 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _describe(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+def quoted(value: Any) -> str:
+    """A value as an error message quotes it (strings in quotes), bounded in length and depth whatever it holds."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= QUOTE_LIMIT else f"{text[:QUOTE_LIMIT]}..."
 
 
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean"}
@@ -187,23 +199,23 @@ def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[Fiel
         return None
     if kind == "dataclass":
         if not isinstance(value, Mapping):
-            errors.append(FieldError(path, f"must be a mapping, got {_describe(value)}"))
+            errors.append(FieldError(path, f"must be a mapping, got {quoted(value)}"))
             return None
         return _build(tp, value, path, camel_case, errors)
     if kind == "list":
         if not isinstance(value, list):
-            errors.append(FieldError(path, f"must be a list, got {_describe(value)}"))
+            errors.append(FieldError(path, f"must be a list, got {quoted(value)}"))
             return None
         return [_convert(tp, v, f"{path}[{i}]", camel_case, errors) for i, v in enumerate(value)]
     if kind == "dict":
         val_tp = tp
         if not isinstance(value, Mapping):
-            errors.append(FieldError(path, f"must be a mapping, got {_describe(value)}"))
+            errors.append(FieldError(path, f"must be a mapping, got {quoted(value)}"))
             return None
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                errors.append(FieldError(path, f"keys must be strings, got {_describe(k)}"))
+                errors.append(FieldError(path, f"keys must be strings, got {quoted(k)}"))
                 continue
             out[k] = v if val_tp is Any else _convert(val_tp, v, f"{path}.{k}", camel_case, errors)
         return out
@@ -212,7 +224,7 @@ def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[Fiel
     if kind == "int-or-string":
         if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
             return value
-        errors.append(FieldError(path, f"must be an integer or a string, got {_describe(value)}"))
+        errors.append(FieldError(path, f"must be an integer or a string, got {quoted(value)}"))
         return None
     if tp is bool:
         if isinstance(value, bool):
@@ -228,7 +240,7 @@ def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[Fiel
             return value
     else:  # pragma: no cover - a programming error in a config dataclass
         raise TypeError(f"unsupported config type {tp!r} at {path}")
-    errors.append(FieldError(path, f"must be {_TYPE_WORDS[tp]}, got {_describe(value)}"))
+    errors.append(FieldError(path, f"must be {_TYPE_WORDS[tp]}, got {quoted(value)}"))
     return None
 
 
@@ -238,7 +250,7 @@ def _check_constraints(f: dataclasses.Field, value: Any, path: str, errors: list
     m = f.metadata
     choices = m.get("choices")
     if choices and value not in choices:
-        errors.append(FieldError(path, f"must be one of {', '.join(choices)}; got {_describe(value)}"))
+        errors.append(FieldError(path, f"must be one of {', '.join(choices)}; got {quoted(value)}"))
     lo = m.get("minimum")
     if lo is not None and isinstance(value, (int, float)):
         if m.get("exclusive_minimum") and not value > lo:
@@ -250,7 +262,7 @@ def _check_constraints(f: dataclasses.Field, value: Any, path: str, errors: list
         errors.append(FieldError(path, f"must be <= {hi}, got {value}"))
     pattern = m.get("pattern")
     if pattern and isinstance(value, str) and not re.fullmatch(pattern, value):
-        errors.append(FieldError(path, f"must match {pattern}, got {_describe(value)}"))
+        errors.append(FieldError(path, f"must match {pattern}, got {quoted(value)}"))
 
 
 def _build(cls: type, data: Mapping, path: str, camel_case: bool, errors: list[FieldError]) -> Any:
@@ -310,7 +322,7 @@ def from_dict(cls: type, data: Any, *, path: str = "", camel_case: bool = False)
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError([FieldError(path, f"must be a mapping, got {_describe(data)}")])
+        raise ConfigError([FieldError(path, f"must be a mapping, got {quoted(data)}")])
     obj = _build(cls, data, path, camel_case, errors)
     if errors:
         raise ConfigError(errors)

@@ -47,12 +47,21 @@ app.kubernetes.io/component: operator
 app.kubernetes.io/component: operator
 {{- end }}
 
+{{/* An image by digest when one is given (what runs is then exactly what was built and scanned), else by tag. */}}
+{{- define "brain-operator.imageRef" -}}
+{{- if .image.digest -}}
+{{ .image.repository }}@{{ .image.digest }}
+{{- else -}}
+{{ .image.repository }}:{{ .image.tag | default .appVersion }}
+{{- end -}}
+{{- end }}
+
 {{- define "brain-operator.trainerImage" -}}
-{{ .Values.trainer.image.repository }}:{{ .Values.trainer.image.tag | default .Chart.AppVersion }}
+{{ include "brain-operator.imageRef" (dict "image" .Values.trainer.image "appVersion" .Chart.AppVersion) }}
 {{- end }}
 
 {{- define "brain-operator.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ include "brain-operator.imageRef" (dict "image" .Values.image "appVersion" .Chart.AppVersion) }}
 {{- end }}
 
 {{/* Served namespaces for a namespaceSelector: all, or the watched ones. */}}

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from brain_trainer.schema import ConfigError, FieldError, from_dict
+from brain_trainer.schema import ConfigError, FieldError, from_dict, quoted
 
 from .environment import check_env
 from .kube import PULL_POLICIES, is_namespace
@@ -49,7 +49,7 @@ class OperatorDefaults:
         errors: list[FieldError] = []
         policy = environ.get(cls.ENV_PULL_POLICY) or None
         if policy is not None and policy not in PULL_POLICIES:
-            errors.append(FieldError(cls.ENV_PULL_POLICY, f"must be one of {', '.join(PULL_POLICIES)}; got {policy!r}"))
+            errors.append(FieldError(cls.ENV_PULL_POLICY, f"must be one of {', '.join(PULL_POLICIES)}; got {quoted(policy)}"))
         nccl_env: Any = {}
         raw = environ.get(cls.ENV_NCCL, "").strip()
         if raw:
@@ -58,7 +58,7 @@ class OperatorDefaults:
             except json.JSONDecodeError as exc:
                 errors.append(FieldError(cls.ENV_NCCL, f"must be a JSON object: {exc.msg}"))
             if not isinstance(nccl_env, dict) or not all(isinstance(v, str) for v in nccl_env.values()):
-                errors.append(FieldError(cls.ENV_NCCL, f"must map names to string values, got {raw!r}"))
+                errors.append(FieldError(cls.ENV_NCCL, f"must map names to string values, got {quoted(raw)}"))
                 nccl_env = {}
             errors.extend(FieldError(cls.ENV_NCCL, message) for _, message in check_env(nccl_env, cls.ENV_NCCL))
         secrets = _pull_secrets(environ.get(cls.ENV_PULL_SECRETS, "").strip(), errors)
@@ -82,7 +82,7 @@ def _pull_secrets(raw: str, errors: list[FieldError]) -> tuple[str, ...]:
         value = exc
     names = [item.get("name") for item in value if isinstance(item, dict)] if isinstance(value, list) else []
     if not isinstance(value, list) or len(names) != len(value) or not all(isinstance(n, str) and n for n in names):
-        errors.append(FieldError(OperatorDefaults.ENV_PULL_SECRETS, f"must be a JSON list of {{\"name\": SECRET}}, got {raw!r}"))
+        errors.append(FieldError(OperatorDefaults.ENV_PULL_SECRETS, f"must be a JSON list of {{\"name\": SECRET}}, got {quoted(raw)}"))
         return ()
     return tuple(names)
 

@@ -6,6 +6,7 @@ import re
 from typing import Iterator, Mapping
 
 from brain_trainer.contract import CHECKPOINT_CLAIM_ENV, FAIL_FAST_ENV, LAUNCH_ENV_KEYS, LAUNCH_ENV_PREFIXES, LEASE_HOLDER_ENV
+from brain_trainer.schema import quoted
 
 from .kube import ENV_NAME_PATTERN
 
@@ -31,6 +32,6 @@ def check_env(env: Mapping[str, str], field_name: str) -> Iterator[tuple[str, st
     """Each key that is not a variable name, or that the operator or torchrun sets itself."""
     for key in env:
         if not re.fullmatch(ENV_NAME_PATTERN, key):
-            yield f"{field_name}.{key}", f"{key!r} is not a valid environment variable name"
+            yield f"{field_name}.{key}", f"{quoted(key)} is not a valid environment variable name"
         elif reserved_env_key(key):
-            yield f"{field_name}.{key}", f"{key!r} is reserved (set by the operator or torchrun) and cannot be overridden"
+            yield f"{field_name}.{key}", f"{quoted(key)} is reserved (set by the operator or torchrun) and cannot be overridden"

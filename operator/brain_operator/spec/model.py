@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
-from brain_trainer.schema import Names, setting
+from brain_trainer.schema import Names, quoted, setting
 
 from ..schedulers import GANG_MODES, GANG_NONE
+from .corev1 import core_problems, core_setting
 from .environment import NCCL_DEBUG, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, check_env
 from .kube import (
     ACCESS_MODES,
@@ -72,7 +73,7 @@ class ResourcesSpec:
                 elif isinstance(quantity, int) and quantity < 0:
                     yield f"{field_name}.{resource}", f"must not be negative, got {quantity}"
                 elif isinstance(quantity, str) and not re.fullmatch(QUANTITY_PATTERN, quantity):
-                    yield f"{field_name}.{resource}", f"must be a quantity such as 2, 500m or 8Gi, got {quantity!r}"
+                    yield f"{field_name}.{resource}", f"must be a quantity such as 2, 500m or 8Gi, got {quoted(quantity)}"
 
     def gpus(self) -> int:
         value = self.limits.get(GPU_RESOURCE, self.requests.get(GPU_RESOURCE, 0))
@@ -94,7 +95,7 @@ class VolumeClaimTemplate:
             yield "access_modes", "must name at least one access mode"
         for mode in self.access_modes:
             if mode not in ACCESS_MODES:
-                yield "access_modes", f"must be one of {', '.join(ACCESS_MODES)}; got {mode!r}"
+                yield "access_modes", f"must be one of {', '.join(ACCESS_MODES)}; got {quoted(mode)}"
 
 
 @dataclass
@@ -115,7 +116,7 @@ class CheckpointSpec(CheckpointConfig):
         if self.claim_name is not None and self.volume_claim_template is not None:
             yield "volume_claim_template", f"set either {name('claim_name')} or {name('volume_claim_template')}, not both"
         if self.mount_path.rstrip("/") in ("", *POD_MOUNTS):
-            yield "mount_path", f"must not be {self.mount_path!r} (used by the pod itself)"
+            yield "mount_path", f"must not be {quoted(self.mount_path)} (used by the pod itself)"
 
     def trainer_config(self, folder: str) -> CheckpointConfig:
         """The trainer's part, with the checkpoint folder the operator derived."""
@@ -138,7 +139,7 @@ class DataVolumeSpec:
         if (self.claim_name is None) == (self.volume is None):
             yield "claim_name", f"set either {name('claim_name')} or {name('volume')}"
         if self.mount_path.rstrip("/") in ("", *POD_MOUNTS):
-            yield "mount_path", f"must not be {self.mount_path!r} (used by the pod itself)"
+            yield "mount_path", f"must not be {quoted(self.mount_path)} (used by the pod itself)"
 
 
 @dataclass
@@ -150,7 +151,7 @@ class DataSpec(DataConfig):
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         yield from super().check(name)
         if self.volume is not None and self.path is not None and not within(self.path, self.volume.mount_path):
-            yield "path", f"must be {name('volume.mount_path')} ({self.volume.mount_path}) or lie below it, got {self.path!r}"
+            yield "path", f"must be {name('volume.mount_path')} ({self.volume.mount_path}) or lie below it, got {quoted(self.path)}"
 
     def trainer_config(self) -> DataConfig:
         """The trainer's part."""
@@ -184,8 +185,8 @@ class SchedulingSpec:
     """Where the pods may run."""
 
     node_selector: dict[str, str] = setting(default_factory=dict)
-    tolerations: list[dict[str, Any]] = setting(default_factory=list)
-    affinity: Optional[dict[str, Any]] = setting(None)
+    tolerations: list[dict[str, Any]] = core_setting("tolerations")
+    affinity: Optional[dict[str, Any]] = core_setting("affinity")
     priority_class_name: Optional[str] = setting(None, pattern=SUBDOMAIN_PATTERN)
     scheduler_name: Optional[str] = setting(None)
     queue_name: Optional[str] = setting(None, pattern=LABEL_VALUE_PATTERN, help="Kueue LocalQueue (kueue.x-k8s.io/queue-name)")
@@ -200,6 +201,9 @@ class SchedulingSpec:
     )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        # Typed as the overlay is: an unknown key, a wrong type or a 700-deep tree stops here, naming the path,
+        # and never reaches a pod (or a renderer that would recurse through it).
+        yield from core_problems(self)
         if self.queue_name is not None and len(self.queue_name) > DNS_LABEL_MAX:
             yield "queue_name", f"must be at most {DNS_LABEL_MAX} characters, got {len(self.queue_name)}"
 
@@ -273,7 +277,7 @@ class JobSpec(TrainerSections):
             yield f"pod_template.{path}", message
         if volume is not None:
             if volume.volume is not None and volume.volume not in {v.get("name") for v in self.pod_template.spec.volumes}:
-                yield "data.volume.volume", f"{volume.volume!r} names no volume of {name('pod_template.spec.volumes')}"
+                yield "data.volume.volume", f"{quoted(volume.volume)} names no volume of {name('pod_template.spec.volumes')}"
             data_mount, checkpoints = volume.mount_path, self.checkpoint.mount_path
             if within(data_mount, checkpoints) or within(checkpoints, data_mount):
                 yield "data.volume.mount_path", f"must not overlap {name('checkpoint.mount_path')} ({self.checkpoint.mount_path})"

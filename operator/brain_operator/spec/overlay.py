@@ -10,16 +10,15 @@ path; render/overlay.py merges the rest (docs/operator.md, "The pod overlay").
 
 from __future__ import annotations
 
-import dataclasses
 import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
-from brain_trainer.schema import Names, key_for, setting
+from brain_trainer.schema import Names, setting
 
-from .corev1 import pod_spec_field, schema_errors
+from .corev1 import core_problems, core_setting as _core
 from .environment import reserved_env_key
 from .owned import CONFIG_DIR, PORTS, PYTORCHJOB_CONTAINER, SHM_DIR, TRAINER_CONTAINER, VOLUMES, owned_key
 
@@ -46,16 +45,6 @@ OVERLAY_RESERVED_ENV_PREFIXES = ("MASTER_", "NCCL_", "BRAIN_")
 NAMED_REFERENCES = ("secretKeyRef", "configMapKeyRef")
 NAMED_SOURCES = ("secretRef", "configMapRef")
 
-
-def _core(name: str, help: str = "") -> Any:
-    """A field holding Kubernetes' own PodSpec field `name`, typed by its core/v1 schema."""
-    schema = pod_spec_field(name)
-    if help:
-        schema = {**schema, "description": help}
-    kind = schema.get("type")
-    if kind == "array":
-        return setting(default_factory=list, schema=schema)
-    return setting(None, schema=schema)
 
 
 @dataclass
@@ -100,7 +89,7 @@ class PodSpecOverlay:
     runtime_class_name: Optional[str] = _core("runtimeClassName")
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
-        problems = list(self._schema_problems())
+        problems = list(core_problems(self))
         yield from problems
         if problems:
             return  # the rules below read well-formed values
@@ -124,10 +113,6 @@ class PodSpecOverlay:
                 if container["name"] in (TRAINER_CONTAINER, PYTORCHJOB_CONTAINER):
                     yield f"{path}.name", f"{container['name']!r} is the trainer container's name"
                 yield from _container_problems(container, path, volumes)
-
-    def _schema_problems(self) -> Iterator[tuple[str, str]]:
-        for f in dataclasses.fields(self):
-            yield from schema_errors(getattr(self, f.name), f.metadata["schema"], key_for(f, True))
 
     def trainer(self) -> Mapping[str, Any]:
         """The entry that adds to the trainer container ({} when none)."""

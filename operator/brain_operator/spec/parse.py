@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional
 
-from brain_trainer.schema import ConfigError, FieldError, from_dict
+from brain_trainer.schema import ConfigError, FieldError, from_dict, quoted
 
 from ..names import CHECKPOINT_NOW_ANNOTATION, worker_pod_name
 from .defaults import OperatorDefaults
@@ -32,9 +32,9 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
         if key not in _TOP_LEVEL:
             errors.append(FieldError(str(key), f"unknown field (known fields: {', '.join(_TOP_LEVEL)})"))
     if manifest.get("apiVersion") != API_VERSION:
-        errors.append(FieldError("apiVersion", f"must be {API_VERSION}, got {manifest.get('apiVersion')!r}"))
+        errors.append(FieldError("apiVersion", f"must be {API_VERSION}, got {quoted(manifest.get('apiVersion'))}"))
     if manifest.get("kind") != KIND:
-        errors.append(FieldError("kind", f"must be {KIND}, got {manifest.get('kind')!r}"))
+        errors.append(FieldError("kind", f"must be {KIND}, got {quoted(manifest.get('kind'))}"))
     name, namespace, uid, generation = _metadata(manifest.get("metadata"), errors)
     spec = _spec(manifest.get("spec"), defaults, errors)
     if spec is not None:
@@ -65,23 +65,23 @@ def _checkpoint_request(metadata: Any) -> Optional[str]:
 def _metadata(metadata: Any, errors: list[FieldError]) -> tuple[Any, str, str, int]:
     """Name, namespace, uid and generation; other metadata (labels, managedFields...) is the API server's."""
     if not isinstance(metadata, Mapping):
-        errors.append(FieldError("metadata", f"must be a mapping with a name, got {metadata!r}"))
+        errors.append(FieldError("metadata", f"must be a mapping with a name, got {quoted(metadata)}"))
         return None, "default", "", 0
     name = metadata.get("name")
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         errors.append(
-            FieldError("metadata.name", f"must be a lowercase DNS label (letters, digits, '-', starting with a letter), got {name!r}")
+            FieldError("metadata.name", f"must be a lowercase DNS label (letters, digits, '-', starting with a letter), got {quoted(name)}")
         )
         name = None
     namespace = metadata.get("namespace", "default")
     if not isinstance(namespace, str) or not is_namespace(namespace):
-        errors.append(FieldError("metadata.namespace", f"must be a DNS label, got {namespace!r}"))
+        errors.append(FieldError("metadata.namespace", f"must be a DNS label, got {quoted(namespace)}"))
     uid = metadata.get("uid", "")
     if not isinstance(uid, str):
-        errors.append(FieldError("metadata.uid", f"must be a string, got {uid!r}"))
+        errors.append(FieldError("metadata.uid", f"must be a string, got {quoted(uid)}"))
     generation = metadata.get("generation", 0)
     if not isinstance(generation, int) or isinstance(generation, bool):
-        errors.append(FieldError("metadata.generation", f"must be an integer, got {generation!r}"))
+        errors.append(FieldError("metadata.generation", f"must be an integer, got {quoted(generation)}"))
     return name, namespace, uid, generation
 
 

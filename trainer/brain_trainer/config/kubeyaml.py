@@ -19,6 +19,18 @@ work, and mapping keys become strings as JSON needs (`on:` is "true", `1:` is "1
 API server; tests/trainer/test_kubeyaml.py holds every case to the real Go
 code (through Helm's values parser, which calls the same library).
 
+Hostile input is bounded as kubectl bounds it. go-yaml v2 (gopkg.in/yaml.v2
+decode.go, allowedAliasRatio, CVE-2019-11253) counts every node it decodes,
+alias expansions included, and gives up with "document contains excessive
+aliasing" once more than 1000 decodes of which more than 100 came from
+aliases exceed the allowed share: 99% up to 400,000 decodes, falling linearly
+to 10% at 4,000,000. The same count runs here over the composed node graph
+before anything is built, so a billion-laughs document stops after about a
+thousand steps. Its scanner (scannerc.go, max_flow_level and max_indents)
+refuses nesting deeper than 10000; Python's composer recurses about two
+frames per level under a 1000-frame stack, so the limit here is MAX_DEPTH,
+far deeper than any Kubernetes object, and the error is the same one line.
+
 The writer quotes every string that this reader or PyYAML's YAML 1.1 would
 take for something else, so what it writes reads back the same everywhere.
 Torch-free.
@@ -31,8 +43,9 @@ import re
 from typing import Any, Optional
 
 import yaml
+from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
-from yaml.nodes import MappingNode, ScalarNode
+from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 NULL = "tag:yaml.org,2002:null"
 BOOL = "tag:yaml.org,2002:bool"
@@ -58,6 +71,11 @@ _DOT_FLOAT = re.compile(r"^\.[0-9]+([eE][-+]?[0-9]+)?$")
 # Go's base-0 integer syntax: sign, then a 0x/0o/0b prefix, a leading 0 (octal), or decimal digits.
 _GO_INT = re.compile(r"^([-+]?)(0[xX][0-9a-fA-F]+|0[oO][0-7]+|0[bB][01]+|0[0-7]*|[1-9][0-9]*)$")
 _INT64 = (-(2**63), 2**63 - 1)
+# Nesting limit (kubectl's is 10000; see the module docstring for why this one is lower).
+MAX_DEPTH = 100
+# go-yaml v2 decode.go: alias_ratio_range_low/high and the floor below which aliasing is never judged.
+_ALIAS_RANGE = (400_000, 4_000_000)
+_MIN_DECODES, _MIN_ALIASED = 1000, 100
 _UINT64_MAX = 2**64 - 1
 
 
@@ -110,8 +128,62 @@ def _json_key(key: Any, node: yaml.Node) -> str:
     raise ConstructorError(None, None, f"unsupported map key {key!r}", node.start_mark)
 
 
+def _allowed_alias_ratio(decodes: int) -> float:
+    """go-yaml v2's allowedAliasRatio: the share of decodes that may come from aliases."""
+    low, high = _ALIAS_RANGE
+    if decodes <= low:
+        return 0.99
+    if decodes >= high:
+        return 0.10
+    return 0.99 - 0.89 * (decodes - low) / (high - low)
+
+
+def _check_aliasing(root: yaml.Node) -> None:
+    """go-yaml v2's excessive-aliasing rule, counted over the node graph in document order.
+
+    A node met a second time is an alias; it and everything under it count as
+    alias-driven decodes, as go-yaml counts them while it expands the alias.
+    The walk stops as soon as the rule is broken, so a bomb costs ~1000 steps.
+    """
+    decodes = aliased = 0
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, in_alias = stack.pop()
+        in_alias = in_alias or id(node) in seen
+        seen.add(id(node))
+        decodes += 1
+        aliased += in_alias
+        if aliased > _MIN_ALIASED and decodes > _MIN_DECODES and aliased / decodes > _allowed_alias_ratio(decodes):
+            raise ComposerError(None, None, "document contains excessive aliasing", node.start_mark)
+        if isinstance(node, MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, SequenceNode):
+            children = node.value
+        else:
+            continue
+        stack.extend((child, in_alias) for child in reversed(children))
+
+
 class Loader(yaml.SafeLoader):
-    """SafeLoader whose plain scalars resolve as go-yaml v2's do."""
+    """SafeLoader whose plain scalars resolve as go-yaml v2's do, with go-yaml's bounds on nesting and aliases."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Optional[yaml.Node], index: Any) -> yaml.Node:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise ComposerError(None, None, f"exceeded max depth of {MAX_DEPTH}", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_aliasing(node)
+        return super().construct_document(node)
 
     def resolve(self, kind: type, value: Any, implicit: tuple[bool, bool]) -> str:
         if kind is ScalarNode and implicit[0]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-from ..schema import ConfigError, FieldError, Names, from_dict, setting, to_dict
+from ..schema import ConfigError, FieldError, Names, from_dict, quoted, setting, to_dict
 
 VOCAB_SIZE = 256  # byte-level by default: every byte is a token, no tokenizer to ship
 NGRAM_ORDERS = (2, 3)  # the encoder also embeds the hashed bigram and trigram ending at each byte
@@ -81,7 +81,7 @@ NOMINAL_PARAMS = {"minimal": 1_000_000, "1b": 1_000_000_000, "3b": 3_000_000_000
 def preset_config(name: str, **overrides: Any) -> BrainAIConfig:
     """A preset, with fields overridden; bad names or values raise ConfigError naming the field."""
     if name not in MODEL_PRESETS:
-        raise ConfigError([FieldError("model.preset", f"must be one of {', '.join(MODEL_PRESETS)}; got {name!r}")])
+        raise ConfigError([FieldError("model.preset", f"must be one of {', '.join(MODEL_PRESETS)}; got {quoted(name)}")])
     if not overrides:
         return replace(MODEL_PRESETS[name])
     return from_dict(BrainAIConfig, {**to_dict(MODEL_PRESETS[name]), **overrides}, path="model")

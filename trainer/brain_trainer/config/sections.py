@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from ..contract import METRICS_PORT
-from ..schema import ConfigError, FieldError, Names, from_dict, setting, to_dict
+from ..schema import ConfigError, FieldError, Names, from_dict, quoted, setting, to_dict
 from . import kubeyaml
 from .presets import MODEL_PRESETS, VOCAB_SIZE
 
@@ -145,7 +145,7 @@ class DistributedConfig:
     def preset(cls, scale: str) -> "DistributedConfig":
         """The recommended settings for a model scale (minimal, 1b, 3b, 7b)."""
         if scale not in DISTRIBUTED_PRESETS:
-            raise ConfigError([FieldError("model.preset", f"must be one of {', '.join(PRESETS)}; got {scale!r}")])
+            raise ConfigError([FieldError("model.preset", f"must be one of {', '.join(PRESETS)}; got {quoted(scale)}")])
         return replace(DISTRIBUTED_PRESETS[scale])
 
     def resolved(self, preset: str = "minimal") -> "DistributedConfig":
@@ -233,9 +233,9 @@ class CheckpointConfig:
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         steps = self.interval_steps
         if isinstance(steps, str) and steps != AUTO or isinstance(steps, int) and steps < 0:
-            yield "interval_steps", f"must be a number of steps >= 0 or {AUTO}, got {steps!r}"
+            yield "interval_steps", f"must be a number of steps >= 0 or {AUTO}, got {quoted(steps)}"
         if self.resume_from not in (RESUME_LATEST, RESUME_NONE) and self.resume_step() is None:
-            yield "resume_from", f"must be {RESUME_LATEST}, {RESUME_NONE} or a step >= 0, got {self.resume_from!r}"
+            yield "resume_from", f"must be {RESUME_LATEST}, {RESUME_NONE} or a step >= 0, got {quoted(self.resume_from)}"
 
     def resume_step(self) -> Optional[int]:
         """The step `resume_from` names (a number, or its digits as text: a quoted manifest value), else None."""

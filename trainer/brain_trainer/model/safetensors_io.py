@@ -15,6 +15,14 @@ and `index.rs`, huggingface_hub `serialization/_base.py`):
   `model.safetensors.index.json`: `{"metadata": {"total_size": BYTES},
   "weight_map": {name: file}}`, written with indent 2 and sorted keys.
 
+Reading is as strict as the upstream reader, whose header types make the
+same refusals (shapes and offsets are `usize`): a negative or fractional
+dimension or offset is malformed. Two more bounds keep hostile files from
+escaping as something other than SafetensorsError: JSON nested deeper than
+MAX_JSON_DEPTH (a header is three levels: the object, an entry, its shape)
+is refused before Python's recursive JSON parser meets it, and an index may
+only name shard files inside its own folder.
+
 Writing goes header first (shapes are known before any tensor is read), then
 one tensor at a time, so a writer holds no more than the tensor it is given.
 """
@@ -23,6 +31,8 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +45,10 @@ INDEX_FILE = "model.safetensors.index.json"
 SUFFIX = ".safetensors"
 MAX_HEADER_BYTES = 100_000_000  # what the upstream reader accepts
 HEADER_ALIGN = 8
+# The nesting a header or an index may have; theirs is 3, and Python's JSON parser recurses once per level.
+MAX_JSON_DEPTH = 8
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 # The upstream Dtype enum, in its (alignment) order.
 DTYPE_ORDER = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64",
@@ -104,6 +118,26 @@ def write_tensor(f: BinaryIO, tensor: torch.Tensor) -> None:
     f.write(memoryview(flat.view(torch.uint8).numpy()))
 
 
+def _parse_json(raw: bytes, path: Path, what: str) -> Any:
+    """JSON of a header or an index, its nesting checked first: strings dropped, then only the brackets walked."""
+    depth = 0
+    for bracket in _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            raise SafetensorsError(f"{path}: {what} nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise SafetensorsError(f"{path}: {what} is not valid JSON") from None
+
+
+def _count(value: Any) -> int:
+    """A shape dimension or a data offset: a usize upstream, so a non-negative integer (not a bool, not 2.5)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(value)
+    return value
+
+
 def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
     """The tensors a safetensors file holds and its metadata, checked as the upstream reader checks them."""
     try:
@@ -118,10 +152,7 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
             raw = f.read(length)
     except OSError as exc:
         raise SafetensorsError(f"{path}: {exc.strerror or exc}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise SafetensorsError(f"{path}: the header is not valid JSON") from None
+    header = _parse_json(raw, path, "the header")
     if not isinstance(header, dict):
         raise SafetensorsError(f"{path}: the header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -129,7 +160,7 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
     spans = []
     for name, info in header.items():
         try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+            dtype, shape, (begin, end) = info["dtype"], tuple(map(_count, info["shape"])), map(_count, info["data_offsets"])
             nbytes = math.prod(shape) * ELEMENT_BYTES[dtype]
         except (KeyError, TypeError, ValueError):
             raise SafetensorsError(f"{path}: tensor {name!r} has a malformed header entry") from None
@@ -156,10 +187,16 @@ def read_weights(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
     if not index.is_file():
         return read_header(path / SINGLE_FILE)
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = _parse_json(index.read_bytes(), index, "the index")["weight_map"]
         files = sorted(set(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        if not all(isinstance(file, str) for file in files):
+            raise TypeError(files)
+    except (OSError, KeyError, TypeError, AttributeError):
         raise SafetensorsError(f"{index}: not an index (a JSON object with a weight_map)") from None
+    for file in files:
+        # Checked by name, not resolved: a Hugging Face cache's shards are symlinks into its blobs folder.
+        if posixpath.isabs(file) or posixpath.normpath(file).split("/")[0] == "..":
+            raise SafetensorsError(f"{index}: shard {file!r} lies outside the folder {path}")
     entries: dict[str, Entry] = {}
     metadata: dict[str, str] = {}
     for file in files:

@@ -13,6 +13,14 @@ would grow it up to the corpus size. The dataset therefore tells the kernel
 have brought in; the data stays in the page cache, which the kernel reclaims
 freely, and the next read maps it again. Each shard is a numpy array over an
 `mmap.mmap` (what numpy.memmap builds) so that the map itself is at hand.
+
+Token ids: the model's vocabulary is the tokenizer's (data/tokens/source.py),
+and an id at or past it fails on the GPU as a device-side assert far from its
+cause. Opening therefore takes the maximum of every shard, one vectorised pass
+over the memory map right after the CRC-32 pass has brought its pages into the
+page cache (memory bandwidth: about a tenth of a second per GiB), and a shard
+holding an id outside the vocabulary is a DataError naming the file, the first
+such id and its position.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .format import Manifest, check_seq_len, read_manifest, verify_split, windows
+from ..errors import DataError
+from .format import MANIFEST, Manifest, check_seq_len, read_manifest, verify_split, windows
 
 RELEASE_BYTES = 16 << 20
 # What one read may add to the resident set: Linux maps a whole 2 MiB folio of the page cache at a fault.
@@ -38,8 +47,9 @@ class TokenDataset(Dataset):
     """Windows of seq_len + 1 tokens over `split` ("train" or "validation") of the dataset folder `path`.
 
     Opening reads the manifest and verifies every shard of the split (size and
-    CRC-32): a missing, truncated or damaged shard, or a split shorter than one
-    window, raises DataError naming it before any training starts.
+    CRC-32, then every id inside the vocabulary): a missing, truncated or damaged
+    shard, one holding an id the model has no embedding for, or a split shorter
+    than one window, raises DataError naming it before any training starts.
     """
 
     def __init__(self, path: str | Path, seq_len: int, split: str = "train"):
@@ -57,6 +67,19 @@ class TokenDataset(Dataset):
         self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
         self._touched: set[int] = set()
         self._unreleased = 0
+        for k in range(len(self._files)):
+            self._check_ids(k)
+        self._release()
+
+    def _check_ids(self, k: int) -> None:
+        tokens = self._shard(k)
+        if len(tokens) == 0 or int(tokens.max()) < self.vocab_size:
+            return
+        position = int(np.argmax(tokens >= self.vocab_size))  # the first id past the vocabulary
+        raise DataError(
+            f"{self._files[k]}: token id {int(tokens[position])} at token {position} is outside the tokenizer's "
+            f"vocabulary of {self.vocab_size} ids (the file does not match {self.path / MANIFEST})"
+        )
 
     @property
     def vocab_size(self) -> int:
