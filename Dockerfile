@@ -5,7 +5,9 @@
 # CUDA trainer: --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 #               --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# Pinned by digest (the multi-platform index Docker's official-images repo-info lists for this tag, August 2026):
+# a tag moves, a digest does not. Override with --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<newer>.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:fe556eaffd0d96abd8685b83bb8a69addd0dc730fa193669a7df0d49ddcfac02
 ARG BASE_IMAGE=${PYTHON_IMAGE}
 
 # ---- wheel: the project as one pure-Python wheel; sources never reach a runtime image.
