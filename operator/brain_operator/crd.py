@@ -238,8 +238,12 @@ every rank writes its own shard; `globalBatchSize` must divide evenly at every n
 `J-worker-<maxNodes-1>` must fit a {DNS_LABEL_MAX}-character hostname.
 
 Operator-wide defaults for jobs that omit them come from the operator's environment (the Helm chart sets
-them): `{OperatorDefaults.ENV_IMAGE}` (image), `{OperatorDefaults.ENV_PULL_POLICY}` (imagePullPolicy) and
-`{OperatorDefaults.ENV_NCCL}` (a JSON object of extra NCCL variables; a job's own `nccl.env` keys win).
+them): `{OperatorDefaults.ENV_IMAGE}` (image), `{OperatorDefaults.ENV_PULL_POLICY}` (imagePullPolicy),
+`{OperatorDefaults.ENV_PULL_SECRETS}` (a JSON list of `{{name: ...}}`) and `{OperatorDefaults.ENV_NCCL}` (a JSON
+object of extra NCCL variables; a job's own `nccl.env` keys win). The operator's settings that bound a job come
+from there too: `{OperatorDefaults.ENV_OVERLAY_POLICY}` (the chart's `podOverlayPolicy`, what `podTemplate` may
+ask for; docs/security.md), `{OperatorDefaults.ENV_NETWORK_POLICY}` (`false`: no NetworkPolicy per job),
+`{OperatorDefaults.ENV_NAMESPACE}` and `{OperatorDefaults.ENV_SCRAPE_NAMESPACES}` (who may reach the metrics port).
 """
 
 
