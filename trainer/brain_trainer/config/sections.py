@@ -90,6 +90,10 @@ class TrainingConfig:
         20, minimum=1, help="micro-batches each evaluation reads, dealt across the ranks: the same validation windows at any world size",
     )
 
+    def logs_at(self, step: int) -> bool:
+        """Whether optimizer step `step` is a logging step: every log_interval steps, and the last."""
+        return step % self.log_interval == 0 or step == self.steps
+
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
             yield (

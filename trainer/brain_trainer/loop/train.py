@@ -324,7 +324,7 @@ def _loop(t: Trainer, cfg: TrainerConfig, reporter: Reporter, watchdog: Watchdog
             with watchdog.evaluating():
                 result = t.evaluator(t.model)
             reporter.evaluated(state.step, result.loss, result.perplexity, result.tokens, time.perf_counter() - began)
-        if state.step % training.log_interval and state.step != training.steps:
+        if not training.logs_at(state.step):
             continue
         mean_loss = t.wrapper.all_reduce_metrics({"loss": running_loss.item() / micro_losses})["loss"]
         reporter.logged(state.step, mean_loss, lr=t.scheduler.get_last_lr()[0], grad_norm=t.accumulator.last_grad_norm,

@@ -55,8 +55,7 @@ class Reporter:
 
     def __init__(self, cfg: TrainerConfig, rank: int, started: float):
         self.active = rank == 0
-        self.total_steps = cfg.training.steps
-        self.log_interval = cfg.training.log_interval
+        self.training = cfg.training
         self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
         self.metrics = start_metrics_server(cfg.metrics.port, cfg.metrics.bind_address) if self.active else None
         self.tensorboard_dir = cfg.metrics.tensorboard_dir if self.active else None
@@ -104,7 +103,7 @@ class Reporter:
             waited = checkpoint_total_s - self._checkpoint_s
             self.goodput.step(step, seconds - waited)
             self.goodput.record(CHECKPOINT, waited)
-            self.goodput.save(force=not step % self.log_interval or step == self.total_steps)
+            self.goodput.save(force=self.training.logs_at(step))
         self._checkpoint_s = checkpoint_total_s
 
     def evaluated(self, step: int, loss: float, perplexity: float, tokens: int, seconds: float) -> None:
@@ -116,7 +115,7 @@ class Reporter:
         if not self.active:
             return
         self.goodput.record(EVALUATION, seconds)
-        log.info("eval step %d/%d loss %.4f perplexity %.2f (%d tokens)", step, self.total_steps, loss, perplexity,
+        log.info("eval step %d/%d loss %.4f perplexity %.2f (%d tokens)", step, self.training.steps, loss, perplexity,
                  tokens)
         self.eval_loss = loss
         if self.last is not None:
@@ -136,13 +135,13 @@ class Reporter:
         if not self.active:
             return
         step_time = sum(step_times) / len(step_times)
-        log.info("step %d/%d loss %.4f tokens/s %.0f step_time %.3fs lr %.3e", step, self.total_steps, loss,
+        log.info("step %d/%d loss %.4f tokens/s %.0f step_time %.3fs lr %.3e", step, self.training.steps, loss,
                  tokens_per_second, step_time, lr)
         goodput = self.goodput.summary()
         used = mfu(tokens_per_second, self._flops_per_token, self._peak_flops, self._world_size)
         self._publish(
-            Progress(step=step, total_steps=self.total_steps, loss=loss, tokens_per_second=tokens_per_second,
-                     eta_seconds=eta_seconds(step, self.total_steps, step_time),
+            Progress(step=step, total_steps=self.training.steps, loss=loss, tokens_per_second=tokens_per_second,
+                     eta_seconds=eta_seconds(step, self.training.steps, step_time),
                      last_checkpoint_step=last_checkpoint_step, eval_loss=self.eval_loss, **_answered(answered),
                      goodput=goodput, restarts=self.goodput.ledger.restarts,
                      checkpoint_interval_steps=checkpoint_interval, updated_at=format_time()),
