@@ -31,7 +31,8 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "operator"))
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path[:0] = [str(TESTS / "operator"), str(TESTS)]  # the fake cluster, and the checkers it shares with the tests
 
 from counting_cluster import CountingCluster, watched  # noqa: E402  (call counts; the indexes' view)
 from fake_cluster import FakeCluster  # noqa: E402  (the in-memory ClusterClient)
