@@ -48,20 +48,42 @@ def observed_child(body: Mapping[str, Any]) -> dict[str, Any]:
     }
     if body["kind"] == "Pod":
         spec, status = body.get("spec") or {}, body.get("status") or {}
-        if spec.get("schedulingGates"):
-            out["spec"] = {"schedulingGates": _plain(spec["schedulingGates"])}
+        kept_spec = {key: _plain(spec[key]) for key in ("schedulingGates", "nodeName") if spec.get(key)}
+        if kept_spec:
+            out["spec"] = kept_spec
         kept = {key: status[key] for key in _POD_STATUS if status.get(key) is not None}
-        kept["conditions"] = [
-            {"type": c.get("type"), "status": c.get("status")} for c in status.get("conditions") or []
-        ]
-        kept["containerStatuses"] = [
-            {"name": c.get("name"), "state": {"terminated": _terminated(c["state"]["terminated"])}}
-            for c in status.get("containerStatuses") or []
-            if (c.get("state") or {}).get("terminated")
-        ]
+        # A condition that is not True keeps why (the scheduler's Unschedulable and its message: waiting.py).
+        kept["conditions"] = [_condition(c) for c in status.get("conditions") or []]
+        kept["containerStatuses"] = _containers(status.get("containerStatuses"))
+        init = _containers(status.get("initContainerStatuses"))
+        if init:
+            kept["initContainerStatuses"] = init
         out["status"] = kept
     elif body["kind"] == "ConfigMap":
         out["data"] = _plain(body.get("data") or {})
+    return out
+
+
+def _condition(condition: Mapping[str, Any]) -> dict[str, Any]:
+    """Type and status; why, when it is not True; PodScheduled's time too (how long a pod has been starting)."""
+    keys = ("type", "status")
+    if condition.get("status") != "True":
+        keys += ("reason", "message")
+    if condition.get("type") == "PodScheduled":
+        keys += ("lastTransitionTime",)
+    return {key: condition[key] for key in keys if condition.get(key) is not None}
+
+
+def _containers(statuses: Any) -> list[dict[str, Any]]:
+    """Each container that ended (its exit) or waits for a reason (the kubelet's reason, message and the image)."""
+    out = []
+    for c in statuses or ():
+        state = c.get("state") or {}
+        if state.get("terminated"):
+            out.append({"name": c.get("name"), "state": {"terminated": _terminated(state["terminated"])}})
+        elif (state.get("waiting") or {}).get("reason"):
+            waiting = {key: state["waiting"][key] for key in ("reason", "message") if state["waiting"].get(key)}
+            out.append({"name": c.get("name"), "image": c.get("image"), "state": {"waiting": waiting}})
     return out
 
 

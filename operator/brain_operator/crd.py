@@ -83,7 +83,7 @@ def build_crd() -> dict[str, Any]:
         {"name": "Restarts", "type": "integer", "priority": 1, "jsonPath": ".status.restarts"},
         {"name": "Goodput", "type": "number", "priority": 1, "description": "productive over wall time",
          "jsonPath": ".status.goodput.ratio"},
-        {"name": "Reason", "type": "string", "priority": 1, "description": "why the latest worker failed",
+        {"name": "Reason", "type": "string", "priority": 1, "description": "why workers wait, or why the latest failed",
          "jsonPath": ".status.reason"},
         {"name": "Backend", "type": "string", "priority": 1, "jsonPath": ".spec.backend"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -1,6 +1,8 @@
 """Kubernetes Events worth posting on a BrainTrainingJob (pure).
 
-One event per phase transition and one per worker failure, carrying the
+One event per phase transition, one per change of why worker pods wait
+(the WorkersReady condition: Unschedulable, ImagePullBackOff, ...) and one
+per worker failure, carrying the
 pod's exit code and Kubernetes' reason (OOMKilled, Error, Evicted, ...), the
 trainer's own reason and line (failure_policy.py), and what the failure
 policy does about it, so `kubectl describe btj` tells the story without
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from .failure_policy import consequence, explain
-from .job_status import CREATE_REFUSED, FAILED, RESTARTING, JobStatus
+from .job_status import CREATE_REFUSED, FAILED, RESTARTING, WORKERS_READY, Condition, JobStatus
 from .pods import terminated_states
 from .spec.model import FailurePolicySpec
 
@@ -64,8 +66,9 @@ def compute_events(
     policy: Optional[FailurePolicySpec] = None,
 ) -> list[Event]:
     """Events for one reconcile: its newly handled worker failures (judged by `policy`, default: the defaults),
-    then the phase change if any."""
+    a new reason for workers to wait (or the end of one), then the phase change if any."""
     events = [worker_failure_event(pod, policy or FailurePolicySpec()) for pod in failed_pods]
+    events += waiting_events(before, status)
     transition = phase_event(before.phase, status.phase, _phase_message(status))
     if transition is not None:
         events.append(transition)
@@ -84,3 +87,26 @@ def refusal_event(before: JobStatus, status: JobStatus) -> Optional[Event]:
     if new is None or (old is not None and old.message == new.message):
         return None
     return Event(WARNING, new.reason or "FailedCreate", new.message or "")
+
+
+# WorkersReady reasons that say only "not yet" or "not any more": no event of their own.
+_PLAIN_READINESS = ("AllWorkersReady", "WaitingForWorkers")
+
+
+def waiting_events(before: JobStatus, status: JobStatus) -> list[Event]:
+    """A Warning with the reason and the pods when why the workers wait changes (not on every pass that still
+    waits); a Normal WorkersReady when they are all ready after one."""
+    new, old = _workers_ready(status), _workers_ready(before)
+    if new is None or (old is not None and (old.status, old.reason, old.message) == (new.status, new.reason,
+                                                                                    new.message)):
+        return []
+    if new.status == "False" and new.reason and new.reason not in _PLAIN_READINESS and new.reason != status.phase:
+        return [Event(WARNING, new.reason, new.message or "")]
+    waited = old is not None and old.status == "False" and old.reason not in (*_PLAIN_READINESS, before.phase)
+    if new.status == "True" and waited:
+        return [Event(NORMAL, WORKERS_READY, new.message or "")]
+    return []
+
+
+def _workers_ready(status: JobStatus) -> Optional[Condition]:
+    return next((c for c in status.conditions if c.type == WORKERS_READY), None)

@@ -21,19 +21,21 @@ PHASES = (PENDING, QUEUED, RUNNING, RESTARTING, SUCCEEDED, FAILED, SUSPENDED)
 TERMINAL = (SUCCEEDED, FAILED)
 VALID = "Valid"
 # One condition per phase a user may wait on (`kubectl wait --for=condition=Succeeded`), plus Valid.
-CONDITION_TYPES = (VALID, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+CONDITION_TYPES = (VALID, PENDING, QUEUED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
 # Not a phase: a Running job that reports no progress (stalled.py).
 STALLED = "Stalled"
 # Not a phase: the API server refused to create a child (a worker pod, mostly), with its message (reconcile.py).
 CREATE_REFUSED = "CreateRefused"
+# Not a phase: whether every desired worker pod is ready, else why not, naming the pods (waiting.py).
+WORKERS_READY = "WorkersReady"
 CONDITION_STATUSES = ("True", "False", "Unknown")
 
 
 @dataclass
 class Condition:
-    """One condition of the job (Valid, a phase's, Stalled, CreateRefused)."""
+    """One condition of the job (Valid, a phase's, WorkersReady, Stalled, CreateRefused)."""
 
-    type: str = setting(choices=(*CONDITION_TYPES, STALLED, CREATE_REFUSED))
+    type: str = setting(choices=(*CONDITION_TYPES, WORKERS_READY, STALLED, CREATE_REFUSED))
     status: str = setting(choices=CONDITION_STATUSES)
     reason: Optional[str] = setting(None)
     message: Optional[str] = setting(None)
@@ -71,7 +73,8 @@ class JobStatus:
     restarts: int = setting(0, minimum=0, help="worker pods replaced after failures; never decreases")
     reason: Optional[str] = setting(
         None, help="why the latest worker failure happened, as the trainer named it (storage-full, out-of-memory, ...), "
-        "or FailedCreate when the API server refused a child"
+        "FailedCreate when the API server refused a child, or why worker pods wait while they do (Unschedulable, "
+        "ImagePullBackOff, CreateContainerConfigError, ...: the WorkersReady condition names the pods)"
     )
     handled_failures: Optional[list[str]] = setting(
         None, help="uids of the failed worker pods already counted (or retried free), while those pods exist"

@@ -54,6 +54,7 @@ from .status import (
     Failure,
     Observation,
     carried_refusal,
+    clock_start,
     elastic_status,
     invalid_status,
     is_terminal,
@@ -61,6 +62,7 @@ from .status import (
     refused_status,
 )
 from .storage import StorageTooSmall, check_storage, unchecked_claim_event
+from .waiting import waiting
 
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")
@@ -340,7 +342,7 @@ def _plan_elastic(
     else:
         # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
         regroup = [ref for ref in live if ref in wanted and _group_size(existing[ref]) != _group_size(wanted[ref])]
-        failure = _deadline_failure(before, policy.active_deadline_seconds, now)
+        failure = _deadline_failure(clock_start(before, job.created), policy.active_deadline_seconds, now)
         # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
         fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in live.items() if p.phase == FAILED}
         pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, regroup)
@@ -364,6 +366,8 @@ def _plan_elastic(
         queued=_kueue_reason(job, existing) if _all_gated(p for ref, p in live.items() if ref not in gone) else None,
         cause=pod_plan.cause,
         handled_failures=still_handled(before.handled_failures or (), [existing[ref] for ref in pods], reported),
+        waiting=None if terminal else waiting([existing[ref] for ref in pods if ref not in gone], now),
+        created=job.created,
     )
     status = elastic_status(before, seen, now)
     return Plan(
@@ -554,11 +558,12 @@ def _missing_others(desired: Sequence[Mapping[str, Any]], existing: Mapping[Obje
     return [dict(o) for o in desired if (o["apiVersion"], o["kind"]) != POD and ObjectRef.of(o) not in existing]
 
 
-def _deadline_failure(before: JobStatus, deadline: Optional[int], now: datetime) -> Optional[Failure]:
-    started = before.start_time
+def _deadline_failure(started: Optional[str], deadline: Optional[int], now: datetime) -> Optional[Failure]:
+    """DeadlineExceeded once `deadline` seconds passed since the clock `started` (status.clock_start)."""
     if deadline is None or not started or now - parse_time(started) < timedelta(seconds=deadline):
         return None
-    return Failure(DEADLINE_EXCEEDED, f"ran longer than runPolicy.activeDeadlineSeconds={deadline}")
+    return Failure(DEADLINE_EXCEEDED, f"not finished runPolicy.activeDeadlineSeconds={deadline} s after it was "
+                                      f"created or resumed ({started})")
 
 
 def _ttl_expired(before: JobStatus, ttl: Optional[int], now: datetime) -> bool:

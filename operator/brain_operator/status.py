@@ -29,11 +29,13 @@ from .job_status import (
     TERMINAL,
     CREATE_REFUSED,
     VALID,
+    WORKERS_READY,
     Condition,
     JobStatus,
     WorkerCounts,
 )
 from .pods import PodView, true_condition
+from .waiting import Waiting
 
 __all__ = [
     "BACKOFF_LIMIT_EXCEEDED",
@@ -56,6 +58,7 @@ __all__ = [
     "Observation",
     "all_succeeded",
     "carried_refusal",
+    "clock_start",
     "elastic_status",
     "invalid_status",
     "is_terminal",
@@ -109,6 +112,10 @@ class Observation:
     cause: Optional[WorkerFailure] = None
     # uids of the failed pods handled so far (accounting.py); None keeps the previous list.
     handled_failures: Optional[Sequence[str]] = None
+    # Why worker pods wait, as the scheduler and the kubelet say (waiting.py).
+    waiting: Optional[Waiting] = None
+    # The job's metadata.creationTimestamp: its deadline clock's start.
+    created: Optional[str] = None
 
 
 def is_terminal(previous: JobStatus) -> bool:
@@ -162,15 +169,47 @@ def elastic_status(before: JobStatus, seen: Observation, now: datetime) -> JobSt
         phase, reason, message = RESTARTING, "WaitingForWorkers", f"{workers.running}/{seen.min_running} workers running"
     else:
         phase, reason, message = PENDING, "WaitingForWorkers", f"{workers.running}/{seen.min_running} workers running"
+    if reason == "WaitingForWorkers" and seen.waiting is not None:
+        reason, message = seen.waiting.reason, seen.waiting.text()
     out = _counted(before, seen.generation, workers, seen.selector, max(seen.restarts, before.restarts),
                    seen.strategy, seen.effective_batch_size)
-    if seen.cause is not None and not is_terminal(before):
-        out = replace(out, reason=seen.cause.reason)
+    if not is_terminal(before):
+        out = replace(out, reason=_reason(before, seen))
     if seen.handled_failures is not None:
         out = replace(out, handled_failures=list(seen.handled_failures) or None)
     if not is_terminal(before):
-        out = _moved(out, before, phase, _conditions(before, phase, reason, message, now, valid=_VALID), now)
+        conditions = _conditions(before, phase, reason, message, now, valid=_VALID)
+        out = _moved(out, before, phase, [*conditions, _workers_ready(before, phase, workers, seen.waiting, now)], now,
+                     created=seen.created)
     return out
+
+
+def _reason(before: JobStatus, seen: Observation) -> Optional[str]:
+    """`status.reason`: this pass's worker failure, else why workers wait; a wait that ended clears it."""
+    if seen.cause is not None:
+        return seen.cause.reason
+    if seen.waiting is not None:
+        return seen.waiting.reason
+    old = next((c for c in before.conditions if c.type == WORKERS_READY), None)
+    waited = old is not None and old.status == "False" and old.reason == before.reason
+    return None if waited else before.reason
+
+
+def _workers_ready(before: JobStatus, phase: str, workers: WorkerCounts, wait: Optional[Waiting],
+                   now: datetime) -> Condition:
+    """WorkersReady: True once every desired worker is ready; False naming why and which pods, while they wait."""
+    if phase in (*TERMINAL, SUSPENDED):
+        truth, why, text = False, phase, ""
+    elif workers.ready >= workers.desired:
+        truth, why, text = True, "AllWorkersReady", f"{workers.ready}/{workers.desired} worker pods ready"
+    elif wait is not None:
+        truth, why, text = False, wait.reason, wait.text()
+    else:
+        truth, why, text = False, "WaitingForWorkers", f"{workers.ready}/{workers.desired} worker pods ready"
+    status = "True" if truth else "False"
+    old = next((c for c in before.conditions if c.type == WORKERS_READY), None)
+    since = old.last_transition_time if old is not None and old.status == status else None
+    return Condition(WORKERS_READY, status, why, text, since or format_time(now))
 
 
 def invalid_status(before: JobStatus, generation: int, message: str, now: datetime,
@@ -286,18 +325,26 @@ def _counted(
     )
 
 
+def clock_start(before: JobStatus, created: Optional[str]) -> Optional[str]:
+    """When the job's deadline clock started: `status.startTime`, else its creation (`created`) unless it is
+    just resuming from Suspended (then it starts now, as a Kubernetes Job's startTime is reset on resume)."""
+    return before.start_time or (created if before.phase != SUSPENDED else None)
+
+
 def _moved(
     out: JobStatus, before: JobStatus, phase: str, conditions: list[Condition], now: datetime,
-    reported: Mapping[str, Any] | None = None,
+    reported: Mapping[str, Any] | None = None, created: Optional[str] = None,
 ) -> JobStatus:
-    """`out` in `phase`, with its conditions and start/completion times (`reported` by Kubeflow, if any)."""
+    """`out` in `phase`, with its conditions and start/completion times (`reported` by Kubeflow, if any); `created`
+    is the job's creationTimestamp."""
     reported = reported or {}
     start_time = out.start_time
     if phase == SUSPENDED:
         # As for a Kubernetes Job: the deadline clock restarts on resume.
         start_time = None
-    elif phase not in (PENDING, QUEUED) or before.start_time:
-        start_time = before.start_time or reported.get("startTime") or format_time(now)
+    else:
+        # Pending and Queued included: activeDeadlineSeconds counts from here (reconcile._deadline_failure).
+        start_time = before.start_time or reported.get("startTime") or clock_start(before, created) or format_time(now)
     completion_time = out.completion_time
     if phase in TERMINAL and not completion_time:
         completion_time = reported.get("completionTime") or format_time(now)

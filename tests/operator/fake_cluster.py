@@ -11,13 +11,18 @@ creation, and `admit` lifts both, as Kueue's controller does. With
 `pod_security="restricted"` it refuses a pod as Pod Security Admission
 does, and `validate` refuses what a test says is invalid, each with the
 Status body the API server sends (`forbidden`, `invalid`), read back by
-the real client's own `Refused.of`.
+the real client's own `Refused.of`. The scheduler's and the kubelet's words
+for a pod that waits (`unschedulable`, `pull_fails`, `config_missing`,
+`creating`) and a node lost under its pods (`lose_node`) are written where
+Kubernetes writes them, each citing the upstream file; `now` is the clock
+they read.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Optional
 
 from brain_operator.cluster import ObjectRef, Refused
@@ -25,6 +30,7 @@ from brain_operator.events import Event
 from brain_operator.names import JOB_NAME_LABEL
 from brain_operator.schedulers import ADMISSION_GATE, QUEUE_LABEL
 from brain_operator.spec import API_VERSION, KIND
+from brain_trainer.contract import format_time
 from pod_security import restricted_violations
 
 
@@ -62,6 +68,11 @@ def invalid(kind: str, name: str, causes: list[tuple[str, str, str]]) -> dict:
         "causes": [{"reason": reason, "message": message, "field": field} for reason, message, field in causes],
     })
 
+
+# A pod's terminationGracePeriodSeconds when its spec says none (k8s.io/api core/v1 DefaultTerminationGracePeriodSeconds).
+DEFAULT_GRACE_SECONDS = 30
+# Where the fake's own clock starts: the tests' usual first reconcile.
+EPOCH = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 
 # The restricted level allows adding this capability and no other (Pod Security Standards).
 RESTRICTED_CAPABILITIES = {"NET_BIND_SERVICE"}
@@ -117,6 +128,8 @@ class FakeCluster:
         self.events: list[tuple[str, Event]] = []
         # A real pod lingers with a deletionTimestamp until the kubelet stops it.
         self.graceful_pod_deletion = graceful_pod_deletion
+        # The time the fake's scheduler, kubelet and API server stamp (a test moves it with its reconciles).
+        self.now = EPOCH
         self._uids = itertools.count(1)
         # Children by (apiVersion, kind, namespace, job label): listing stays O(children), as a label index does.
         self._children: dict[tuple[str, str, str, str], set[ObjectRef]] = {}
@@ -173,7 +186,7 @@ class FakeCluster:
             return  # the uid precondition fails: the object meant is gone, another of its name stays
         self.writes.append(("delete", ref))
         if self.graceful_pod_deletion and ref.kind == "Pod":
-            self.objects[ref]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            self._mark_deleted(self.objects[ref])
         else:
             del self.objects[ref]
 
@@ -231,8 +244,12 @@ class FakeCluster:
         if old is None:
             meta.setdefault("uid", f"uid-{next(self._uids)}")
             meta["generation"] = 1
+            # The API server stamps every new object (k8s.io/apiserver pkg/registry/rest/create.go,
+            # FillObjectMetaSystemFields).
+            meta.setdefault("creationTimestamp", format_time(self.now))
         else:
             meta["uid"] = old["metadata"]["uid"]
+            meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
             meta["generation"] = old["metadata"]["generation"] + (old.get("spec") != job.get("spec"))
             job["status"] = old.get("status") or {}
         self.objects[ref] = job
@@ -254,6 +271,10 @@ class FakeCluster:
         for name in self.pods(namespace):
             self.set_pod(name, "Running", namespace=namespace, ready=True)
 
+    def place(self, name: str, node: str, *, namespace: str = "default") -> None:
+        """The scheduler binds the pod to `node` (spec.nodeName)."""
+        self.objects[ObjectRef("v1", "Pod", namespace, name)]["spec"]["nodeName"] = node
+
     def exit_pod(self, name: str, code: int, *, namespace: str = "default", message: str = "") -> None:
         terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}
         self.set_pod(
@@ -264,6 +285,74 @@ class FakeCluster:
     def evict_pod(self, name: str, *, namespace: str = "default") -> None:
         self.set_pod(name, "Failed", namespace=namespace, reason="Evicted",
                      message="The node was low on resource: memory.")
+
+    def _mark_deleted(self, pod: dict) -> None:
+        """Graceful deletion: deletionTimestamp is when the grace ends, not when the delete came
+        (k8s.io/apiserver pkg/registry/rest/delete.go, BeforeDelete)."""
+        grace = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+        pod["metadata"]["deletionTimestamp"] = format_time(self.now + timedelta(seconds=grace))
+        pod["metadata"]["deletionGracePeriodSeconds"] = grace
+
+    def _pending(self, name: str, namespace: str, conditions: list[dict], **status: Any) -> dict:
+        pod = self.objects[ObjectRef("v1", "Pod", namespace, name)]
+        pod["status"] = {"phase": "Pending", "conditions": conditions, **status}
+        return pod
+
+    def unschedulable(self, name: str, message: str, *, namespace: str = "default") -> None:
+        """The scheduler found no node: PodScheduled=False, reason Unschedulable, its FitError as the message
+        (kubernetes pkg/scheduler/schedule_one.go handleSchedulingFailure; the message from FitError.Error in
+        pkg/scheduler/framework/types.go, "0/8 nodes are available: 8 Insufficient nvidia.com/gpu.")."""
+        self._pending(name, namespace, [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                         "message": message, "lastTransitionTime": format_time(self.now)}])
+
+    def _waiting(self, name: str, namespace: str, node: str, reason: str, message: Optional[str]) -> None:
+        """The kubelet on `node` holds the trainer container in state.waiting {reason, message}, the image as the
+        spec names it (pkg/kubelet/kuberuntime/kuberuntime_container.go startContainer, pkg/kubelet/kubelet_pods.go
+        convertToAPIContainerStatuses); the pod is scheduled and stays Pending."""
+        pod = self.objects[ObjectRef("v1", "Pod", namespace, name)]
+        pod["spec"]["nodeName"] = node
+        container = pod["spec"]["containers"][0]
+        waiting = {"reason": reason, **({"message": message} if message else {})}
+        self._pending(name, namespace, [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": format_time(self.now)},
+            {"type": "PodReadyToStartContainers", "status": "False"},
+            {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+             "message": f"containers with unready status: [{container['name']}]"},
+        ], containerStatuses=[{"name": container["name"], "image": container["image"], "ready": False,
+                               "restartCount": 0, "state": {"waiting": waiting}}])
+
+    def pull_fails(self, name: str, *, backoff: bool, namespace: str = "default", node: str = "node-1") -> None:
+        """The image cannot be pulled: ErrImagePull with the runtime's error, then ImagePullBackOff with
+        'Back-off pulling image "<image>"' (pkg/kubelet/images/image_manager.go EnsureImageExists)."""
+        image = self.objects[ObjectRef("v1", "Pod", namespace, name)]["spec"]["containers"][0]["image"]
+        if backoff:
+            self._waiting(name, namespace, node, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+        else:
+            self._waiting(name, namespace, node, "ErrImagePull",
+                          "rpc error: code = NotFound desc = failed to pull and unpack image: not found")
+
+    def config_missing(self, name: str, kind: str, missing: str, *, namespace: str = "default",
+                       node: str = "node-1") -> None:
+        """An env source that does not exist: CreateContainerConfigError, '<kind> "<name>" not found' (kind
+        "secret" or "configmap"; pkg/kubelet/kubelet_pods.go makeEnvironmentVariables, the kubelet's object cache)."""
+        self._waiting(name, namespace, node, "CreateContainerConfigError", f'{kind} "{missing}" not found')
+
+    def creating(self, name: str, *, namespace: str = "default", node: str = "node-1") -> None:
+        """Scheduled, its volumes not mounted yet: the container waits as ContainerCreating with no message; the
+        FailedMount/FailedAttachVolume reasons are events only (pkg/kubelet/kubelet_pods.go,
+        pkg/kubelet/volumemanager/volume_manager.go WaitForAttachAndMount)."""
+        self._waiting(name, namespace, node, "ContainerCreating", None)
+
+    def lose_node(self, node: str, *, namespace: str = "default") -> None:
+        """A node goes unreachable: the taint manager deletes its pods (DisruptionTarget DeletionByTaintManager,
+        pkg/controller/tainteviction/taint_eviction.go), and with no kubelet to confirm they stay Terminating;
+        only PodGC, once the Node is gone, would remove them (pkg/controller/podgc/gc_controller.go)."""
+        for pod in self.pods(namespace).values():
+            if pod["spec"].get("nodeName") == node and not pod["metadata"].get("deletionTimestamp"):
+                pod["status"].setdefault("conditions", []).append(
+                    {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+                     "message": "Taint manager: deleting due to NoExecute taint"})
+                self._mark_deleted(pod)
 
     def forget_pending_deletions(self) -> None:
         """The kubelet finished stopping every pod marked for deletion."""

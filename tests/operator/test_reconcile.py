@@ -211,7 +211,7 @@ def test_suspend_deletes_pods_and_resume_brings_them_back(cluster):
     assert resumed["phase"] == "Pending" and len(cluster.pods()) == 2
     assert condition(resumed, "Suspended")["status"] == "False" and resumed["restarts"] == 1
     cluster.run_all()
-    assert step(cluster, T0 + timedelta(minutes=4))["startTime"] == format_time(T0 + timedelta(minutes=4))
+    assert step(cluster, T0 + timedelta(minutes=4))["startTime"] == format_time(T0 + timedelta(minutes=3))
 
 
 def test_nodes_changed_within_the_elastic_range(cluster):

@@ -72,11 +72,12 @@ def test_pod_view_reads_index_readiness_and_termination():
 
 def test_phases_follow_the_pods():
     pending = elastic_status(JobStatus(), seen([pod(0, "Pending", ready=False)]), T0)
-    assert pending.phase == "Pending" and pending.start_time is None
+    # As a Kubernetes Job's, the start time (the deadline's clock) includes Pending.
+    assert pending.phase == "Pending" and pending.start_time == format_time(T0)
     running = elastic_status(pending, seen([pod(0), pod(1, ready=False)]), T1)
     assert running.phase == "Running"
     assert running.workers == WorkerCounts(desired=2, ready=1, running=2, succeeded=0, failed=0)
-    assert running.start_time == format_time(T1)
+    assert running.start_time == format_time(T0)
     assert running.nodes == "1/2" and running.selector == "brain.ai/job-name=j"
     assert running.strategy == "ddp" and running.effective_batch_size == 16
     # Losing a worker after running is a restart, not "pending".
@@ -88,7 +89,7 @@ def test_phases_follow_the_pods():
 
 def test_conditions_keep_their_transition_time_until_they_flip():
     first = elastic_status(JobStatus(), seen([pod(0), pod(1)]), T0)
-    assert [c.type for c in first.conditions] == list(CONDITION_TYPES)
+    assert [c.type for c in first.conditions] == [*CONDITION_TYPES, "WorkersReady"]
     assert condition(first, "Running").status == "True" and condition(first, "Valid").status == "True"
     again = elastic_status(first, seen([pod(0), pod(1)]), T1)
     assert again == first

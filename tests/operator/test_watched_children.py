@@ -99,7 +99,7 @@ def test_an_observed_pod_keeps_what_the_plan_reads_and_drops_the_rest():
     pod = full_pod(cluster, "j-worker-0", "Running", ready=True, conditions=[scheduled])
     kept = observed_child(pod)
     assert kept["status"] == {"phase": "Running", "podIP": "10.1.0.7", "containerStatuses": [],
-                              "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}
-    assert "spec" not in kept and "managedFields" not in kept["metadata"]
+                              "conditions": [scheduled, {"type": "Ready", "status": "True"}]}
+    assert kept["spec"] == {"nodeName": "node-1"} and "managedFields" not in kept["metadata"]
     assert kept["metadata"]["uid"] == pod["metadata"]["uid"]
     assert len(repr(kept)) * 4 < len(repr(pod))

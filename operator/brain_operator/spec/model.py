@@ -241,7 +241,10 @@ class RunPolicySpec:
     """Restart budget, deadline, clean-up and suspension of the whole job."""
 
     backoff_limit: int = setting(3, minimum=0, help="failed pods recreated (failurePolicy: Restart) before the job fails")
-    active_deadline_seconds: Optional[int] = setting(None, minimum=1, help="fail the job after this long")
+    active_deadline_seconds: Optional[int] = setting(
+        None, minimum=1, help="fail the job this long after it was created, as a Kubernetes Job: time Pending or "
+        "Queued counts, a span Suspended does not (the clock starts again on resume)"
+    )
     ttl_seconds_after_finished: Optional[int] = setting(
         None, minimum=0, help="delete the workers this long after the job finished; the job and its status stay"
     )
@@ -339,5 +342,7 @@ class Job:
     generation: int
     spec: JobSpec
     checkpoint_request: Optional[str] = None  # the brain.ai/checkpoint-now annotation, when set
+    # metadata.creationTimestamp (the API server's): where runPolicy.activeDeadlineSeconds starts counting.
+    created: Optional[str] = None
     # The job's NetworkPolicy admits these (the operator's setting); None: no policy is rendered.
     network: Optional[NetworkAccess] = NetworkAccess()

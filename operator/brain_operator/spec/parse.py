@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional
 
+from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError, FieldError, from_dict, quoted
 
 from ..names import CHECKPOINT_NOW_ANNOTATION, worker_pod_name
@@ -53,7 +54,17 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
         raise ConfigError(errors)
     return Job(name=name, namespace=namespace, uid=uid, generation=generation, spec=spec,
                checkpoint_request=_checkpoint_request(manifest.get("metadata")),
+               created=_created(manifest.get("metadata")),
                network=(defaults or OperatorDefaults()).network)
+
+
+def _created(metadata: Any) -> Optional[str]:
+    """metadata.creationTimestamp when it is one (the API server always writes it; a local manifest has none)."""
+    created = metadata.get("creationTimestamp") if isinstance(metadata, Mapping) else None
+    try:
+        return created if isinstance(created, str) and parse_time(created) else None
+    except ValueError:
+        return None
 
 
 def _checkpoint_request(metadata: Any) -> Optional[str]:
