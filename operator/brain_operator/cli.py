@@ -99,6 +99,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    try:  # torch: the trainer's extra, absent from the operator image
+        from brain_trainer.resilience.doctor import doctor
+    except ImportError as exc:
+        raise CliError(f"doctor needs the trainer extra (pip install 'brain-train[trainer]'): {exc}") from None
+    job = parse_job(load_manifest(args.file), require_image=False, defaults=OperatorDefaults.from_env())
+    return doctor(job.spec.distributed, max(2, job.spec.nproc_per_node))
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from kubernetes.config import ConfigException
 
@@ -172,6 +181,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device-memory", type=float, metavar="GIB", help="memory per device in GiB (default: 80)"
     )
+
+    p = command("doctor", cmd_doctor, "on this machine: the variables torchrun and NCCL read, the backend, the devices "
+                "and the job's preflight (one timed all-reduce and a barrier)")
+    manifest_arg(p)
 
     p = command("prepare", cmd_prepare, "turn a corpus into a token dataset folder for data.source tokens")
     add_prepare_arguments(p)

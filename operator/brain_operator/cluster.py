@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Protocol, TypeVar
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, TypeVar
 
 import urllib3
 from brain_trainer.contract import format_time
@@ -32,6 +32,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from .backoff import Backoff, retry_after
+from .discovery import OPTIONAL, ServedApis
 from .events import Event
 from .logs import job_logger
 from .names import JOB_NAME_LABEL, label_selector
@@ -126,6 +127,10 @@ class ClusterClient(Protocol):
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         """Record a Kubernetes Event on the job; best effort, never fails the reconcile."""
 
+    def discover(self, namespaces: Sequence[str]) -> ServedApis:
+        """Which optional APIs the cluster serves, and which of them the operator may not create in `namespaces`
+        ("" for every namespace)."""
+
 
 class KubernetesClient:
     """ClusterClient over a real API server (in-cluster config, else ~/.kube/config).
@@ -148,6 +153,7 @@ class KubernetesClient:
             except config.ConfigException:
                 config.load_kube_config()
             api_client = client.ApiClient()
+        self._api = api_client
         self._dynamic = DynamicClient(api_client)
         self._deadline, self._sleep, self._clock, self._rng = deadline, sleep, clock, rng
 
@@ -173,6 +179,41 @@ class KubernetesClient:
                 raise ApiUnavailable(f"{what}: gave up after {attempt} attempt(s): {failure}")
             log.debug("%s: %s; retrying in %.2f s", what, failure, wait)
             self._sleep(wait)
+
+    def discover(self, namespaces: Sequence[str]) -> ServedApis:
+        """The API server's discovery document of each optional group version (a 404: not served), then one
+        SelfSubjectAccessReview per served kind and namespace: may the operator create it there?"""
+        served: dict[tuple[str, str], str] = {}
+        for api_version in sorted({version for version, _ in OPTIONAL}):
+            for resource in self._resources(api_version):
+                kind = (api_version, resource.get("kind", ""))
+                if kind in OPTIONAL and "/" not in resource.get("name", "/"):
+                    served[kind] = resource["name"]
+        forbidden = frozenset(
+            (namespace, *kind) for kind, plural in served.items() for namespace in namespaces
+            if not self._may_create(namespace, kind[0].split("/")[0], plural)
+        )
+        return ServedApis(served=frozenset(served), forbidden=forbidden)
+
+    def _resources(self, api_version: str) -> list[dict[str, Any]]:
+        try:
+            found = self._call(f"discover {api_version}", lambda: self._api.call_api(
+                f"/apis/{api_version}", "GET", response_type="object", auth_settings=["BearerToken"],
+                _return_http_data_only=True, _request_timeout=REQUEST_TIMEOUT_SECONDS))
+        except client.ApiException as err:
+            if err.status in (403, 404):
+                return []
+            raise
+        return list((found or {}).get("resources") or [])
+
+    def _may_create(self, namespace: str, group: str, plural: str) -> bool:
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": "create", "group": group,
+                                                  "resource": plural}}}
+        answer = self._call(f"may create {plural}.{group} in {namespace or 'every namespace'}", lambda: client
+                            .AuthorizationV1Api(self._api)
+                            .create_self_subject_access_review(review, _request_timeout=REQUEST_TIMEOUT_SECONDS))
+        return bool(answer.status and answer.status.allowed)
 
     def get_job(self, namespace: str, name: str) -> Optional[dict]:
         try:

@@ -50,6 +50,7 @@ from . import __version__
 from .backoff import Backoff, JobRetries
 from .children import WATCH_SELECTOR, WATCHED, observed_child
 from .cluster import ClusterClient, KubernetesClient, Refused
+from .discovery import ServedApis
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
@@ -78,6 +79,8 @@ JOB_RETRY_BACKOFF = Backoff(base=0.5, cap=3.0)
 # A job whose create the API server refused is tried again after 1-2, 2-4, ... up to 15 minutes: the refusal
 # stands until someone changes the job (which reconciles it at once) or the namespace (its policy, its quota).
 REFUSAL_BACKOFF = Backoff(base=120.0, cap=900.0)
+# How often the operator asks again which optional APIs the cluster serves (a CRD installed, a chart value set).
+DISCOVERY_SECONDS = 300.0
 
 
 def fetch_json(url: str, deadline: float = PROGRESS_DEADLINE_SECONDS) -> Optional[dict[str, Any]]:
@@ -147,6 +150,10 @@ class Context:
     poll_budget: float = POLL_BUDGET_SECONDS
     # Tells `retry_forever` that a job was scheduled (set by it; callable from any thread).
     wake: Callable[[], None] = lambda: None
+    # The namespaces the operator serves ("": every one), where discovery asks whether it may create.
+    namespaces: tuple[str, ...] = ("",)
+    # What the cluster serves of the optional APIs, as last discovered; None before the first answer.
+    apis: Optional[ServedApis] = None
     _jobs: set[tuple[str, str]] = field(default_factory=set)
     # Each job as its last pass left it (the status as written): what the next resync's progress ask starts from.
     _seen: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -213,7 +220,7 @@ def reconcile_job(
         manifest = context.client.get_job(namespace, name)
         context.remember(namespace, name, manifest is not None)
         status = None if manifest is None else reconcile(
-            manifest, context.client, context.clock(), context.defaults, context.observed, progress,
+            manifest, context.client, context.clock(), context.defaults, context.observed, progress, context.apis,
         )
         if manifest is not None and status is not None:
             context.saw(manifest, status)
@@ -286,14 +293,34 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices:
         # Server-side: only our children reach the operator, not every pod of the cluster.
         settings.watching.label_selectors[api_version, plural] = WATCH_SELECTOR
     memo.context.observed = indexed({(api_version, kind): indices[index] for api_version, kind, _, index in WATCHED})
+    # Before the first job: a job that needs what the cluster lacks is refused, not half created.
+    await asyncio.to_thread(discover_apis, memo.context)
+    memo.discovery = asyncio.create_task(discover_forever(memo.context))
     memo.resync = asyncio.create_task(resync_forever(memo.context))
     memo.retry = asyncio.create_task(retry_forever(memo.context))
 
 
 @kopf.on.cleanup()
 async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+    memo.discovery.cancel()
     memo.resync.cancel()
     memo.retry.cancel()
+
+
+def discover_apis(context: Context) -> None:
+    """Learn which optional APIs the cluster serves (discovery.py); a failed ask keeps what was known."""
+    try:
+        context.apis = context.client.discover(context.namespaces)
+    except Exception:  # noqa: BLE001 - the next ask may succeed; until then jobs are judged by the last answer
+        log.warning("discovering the cluster's optional APIs failed; keeping the last answer", exc_info=True)
+        return
+    log.info("optional APIs served: %s", ", ".join(sorted(f"{v} {k}" for v, k in context.apis.served)) or "none")
+
+
+async def discover_forever(context: Context, interval: float = DISCOVERY_SECONDS) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        await asyncio.to_thread(discover_apis, context)
 
 
 async def resync_forever(context: Context, interval: float = RESYNC_SECONDS) -> None:
@@ -399,7 +426,8 @@ def run(
     configure_logging(log_format, verbose)
     scope = "every namespace" if all_namespaces else f"namespaces {', '.join(namespaces)}"
     log.info("brain-operator %s watching %s", __version__, scope)
-    context = Context(client=KubernetesClient(), defaults=OperatorDefaults.from_env())
+    context = Context(client=KubernetesClient(), defaults=OperatorDefaults.from_env(),
+                      namespaces=("",) if all_namespaces else tuple(namespaces))
     if metrics_port:
         context.metrics.serve(metrics_port)
     kopf.run(

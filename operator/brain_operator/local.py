@@ -47,6 +47,7 @@ from .local_plan import (
     LocalRunError,
     LocalWorker,
     checkpoint_request_file,
+    cluster_only,
     localize,
     plan_local,
     process_env,
@@ -453,6 +454,9 @@ def run_job(
 def _run(plan_for: Callable[[], LocalPlan], stream: TextIO) -> int:
     plan = plan_for()
     check_storage(plan.job)
+    unsupported = cluster_only(plan.job)
+    if unsupported is not None:
+        raise LocalRunError(unsupported)
     if importlib.util.find_spec("torch") is None:
         raise LocalRunError("braintrain run needs torch here: pip install 'brain-train[trainer]'")
     # What the trainers will start from, checkpoint.resumeFrom applied (they refuse a step that is not committed).

@@ -258,6 +258,18 @@ def plan_local(
     )
 
 
+def cluster_only(job: Job) -> Optional[str]:
+    """The one line refusing what only the operator honours (runPolicy.suspend, activeDeadlineSeconds), else None:
+    a local run that ignored them would not be the run the manifest asks for."""
+    policy = job.spec.run_policy
+    if policy.suspend:
+        return "spec.runPolicy.suspend: true: the job is suspended, nothing runs; set it false to run locally"
+    if policy.active_deadline_seconds is not None:
+        return (f"spec.runPolicy.activeDeadlineSeconds: {policy.active_deadline_seconds}: braintrain run does not "
+                "enforce a deadline; remove it to run locally")
+    return None
+
+
 def checkpoint_request_file(workdir: Path) -> Path:
     """Where `braintrain checkpoint` asks a run in `workdir` for a checkpoint: beside trainer.yaml, in the
     ConfigMap's folder, as the operator puts the job's checkpoint-now annotation into the ConfigMap."""

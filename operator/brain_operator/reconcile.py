@@ -32,7 +32,8 @@ from brain_trainer.schema import ConfigError
 
 from .accounting import still_handled, unhandled
 from .cluster import ClusterClient, Conflict, ObjectRef, Refused
-from .events import NORMAL, Event, compute_events, refusal_event
+from .discovery import ServedApis, missing
+from .events import NORMAL, WARNING, Event, compute_events, refusal_event
 from .failure_policy import WorkerFailure, consequence, explain, first_cause
 from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
 from .logs import job_logger
@@ -46,6 +47,7 @@ from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pen
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
 from .spec.model import FAIL_JOB, RESTART, RETAIN
 from .status import (
+    BACKEND_UNAVAILABLE,
     BACKOFF_LIMIT_EXCEEDED,
     CHECKPOINT_STORAGE_TOO_SMALL,
     DEADLINE_EXCEEDED,
@@ -94,8 +96,13 @@ def reconcile(
     defaults: Optional[OperatorDefaults] = None,
     observed: Optional[Observed] = None,
     progress: Optional[Mapping[str, Any]] = None,
+    apis: Optional[ServedApis] = None,
 ) -> Optional[dict[str, Any]]:
     """Bring one job's children and status in line with its spec; returns the new status as written.
+
+    `apis`, what the cluster was last seen to serve (discovery.py), refuses a
+    job that needs what is missing and picks the native PodGroup's version;
+    None (no discovery yet, or a test) takes the job as it asks.
 
     `progress`, rank 0's document asked for before the pass (`progress_pods`),
     is part of what a running elastic job's pass observes. On a Conflict the job is read again (its status may be
@@ -105,7 +112,7 @@ def reconcile(
     replans = 0
     while True:
         try:
-            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None, progress)
+            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None, progress, apis)
         except Conflict:
             replans += 1
             if replans > CONFLICT_REPLANS:
@@ -124,12 +131,17 @@ def _reconcile_once(
     defaults: Optional[OperatorDefaults],
     observed: Optional[Observed],
     progress: Optional[Mapping[str, Any]],
+    apis: Optional[ServedApis] = None,
 ) -> dict[str, Any]:
     previous = manifest.get("status") or {}
+    unavailable = None
     try:
         job = parse_job(manifest, defaults=defaults)
         check_storage(job)
-        desired = render(job)
+        if apis is not None:
+            job = replace(job, native_pod_group=apis.native_pod_group() or job.native_pod_group)
+            unavailable = missing(job, apis)
+        desired = [] if unavailable else render(job)
     except StorageTooSmall as err:
         the_plan = plan_invalid(manifest, _errors(err), now, CHECKPOINT_STORAGE_TOO_SMALL)
     except ConfigError as err:
@@ -141,6 +153,8 @@ def _reconcile_once(
             meta = manifest.get("metadata") or {}
             job_logger(log, meta.get("namespace", ""), meta.get("name", "")).exception("parsing or rendering failed")
     else:
+        if unavailable:
+            return apply(plan_unavailable(manifest, unavailable, now), client, manifest)
         children = []
         for kind in watched_kinds(job, desired):
             seen = observed(job.namespace, job.name, kind) if observed is not None else None
@@ -153,6 +167,15 @@ def _reconcile_once(
         # Over the status this pass wrote: the refusal, and its event once per message; then the handlers back off.
         apply(plan_refused(the_plan.status, err, now), client, {**manifest, "status": the_plan.status.to_dict()})
         raise
+
+
+def plan_unavailable(manifest: Mapping[str, Any], message: str, now: datetime) -> Plan:
+    """A job the cluster cannot run as asked (discovery.missing): Failed, Valid=False BackendUnavailable, nothing
+    created, and a Warning saying what to install or set, once per message; it starts once the API is there."""
+    the_plan = plan_invalid(manifest, message, now, BACKEND_UNAVAILABLE)
+    if _valid_message(manifest.get("status") or {}) == message:
+        return the_plan
+    return replace(the_plan, events=(Event(WARNING, BACKEND_UNAVAILABLE, message), *the_plan.events))
 
 
 def plan_refused(status: JobStatus, err: Refused, now: datetime) -> Plan:

@@ -38,6 +38,7 @@ from .pods import PodView, true_condition
 from .waiting import Waiting
 
 __all__ = [
+    "BACKEND_UNAVAILABLE",
     "BACKOFF_LIMIT_EXCEEDED",
     "CHECKPOINT_STORAGE_TOO_SMALL",
     "CONDITION_TYPES",
@@ -73,8 +74,10 @@ INVALID_SPEC = "InvalidSpec"
 CHECKPOINT_STORAGE_TOO_SMALL = "CheckpointStorageTooSmall"
 # A spec the operator failed on while parsing or rendering it (a bug of ours): another pass fails the same way.
 INTERNAL_ERROR = "InternalError"
-# Reasons of a spec refused before anything ran: fixing the spec (or the operator) starts the job.
-SPEC_REASONS = (INVALID_SPEC, CHECKPOINT_STORAGE_TOO_SMALL, INTERNAL_ERROR)
+# The cluster does not serve (or the operator may not use) an optional API the job needs (discovery.py).
+BACKEND_UNAVAILABLE = "BackendUnavailable"
+# Reasons of a spec refused before anything ran: fixing the spec, the operator or the cluster starts the job.
+SPEC_REASONS = (INVALID_SPEC, CHECKPOINT_STORAGE_TOO_SMALL, INTERNAL_ERROR, BACKEND_UNAVAILABLE)
 # The API server refused to create a child (the Job controller's and ReplicaSet's event reason for the same).
 FAILED_CREATE = "FailedCreate"
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Optional
 
 from brain_operator.cluster import ObjectRef, Refused
+from brain_operator.discovery import OPTIONAL, ServedApis
 from brain_operator.events import Event
 from brain_operator.names import JOB_NAME_LABEL
 from brain_operator.schedulers import ADMISSION_GATE, QUEUE_LABEL
@@ -118,8 +119,11 @@ def _containers(names: list[str]) -> str:
 
 class FakeCluster:
     def __init__(self, *, graceful_pod_deletion: bool = False, kueue: bool = False, pod_security: str = "privileged",
-                 validate: Optional[Callable[[Mapping[str, Any]], Optional[dict]]] = None) -> None:
+                 validate: Optional[Callable[[Mapping[str, Any]], Optional[dict]]] = None,
+                 served: Any = OPTIONAL, forbidden: Any = ()) -> None:
         self.kueue = kueue
+        # The optional (apiVersion, kind)s the API server serves, and those RBAC refuses the operator to create.
+        self.served, self.forbidden = set(served), set(forbidden)
         # Admission, in the API server's order: validation of the object, then the admission plugins (PSA).
         self.admission = [check for check in (validate, pod_security_restricted if pod_security == "restricted"
                                               else None) if check is not None]
@@ -202,6 +206,11 @@ class FakeCluster:
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         self.events.append((job["metadata"]["name"], event))
+
+    def discover(self, namespaces: Any) -> ServedApis:
+        """Discovery (/apis/<group>/<version>) and a SelfSubjectAccessReview of each served kind per namespace."""
+        return ServedApis(served=frozenset(self.served), forbidden=frozenset(
+            (namespace, *kind) for kind in self.served & self.forbidden for namespace in namespaces))
 
     # -- the test's side: the user, the kubelet, the garbage collector, Kueue --
     def _kueue_webhook(self, obj: dict) -> None:

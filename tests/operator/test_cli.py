@@ -250,3 +250,18 @@ def test_checkpoint_of_a_folder_without_a_run_is_one_line(capsys, tmp_path):
     code, out, err = run_cli(capsys, "checkpoint", str(tmp_path / "nothing"))
     assert code == 1 and out == ""
     assert err == f"braintrain: {tmp_path / 'nothing'}: no braintrain run here (no {tmp_path / 'nothing' / 'config' / 'trainer.yaml'})\n"
+
+
+@pytest.mark.parametrize("policy, line", [
+    ({"suspend": True}, "braintrain: spec.runPolicy.suspend: true: the job is suspended, nothing runs; "
+                        "set it false to run locally"),
+    ({"activeDeadlineSeconds": 600}, "braintrain: spec.runPolicy.activeDeadlineSeconds: 600: braintrain run does "
+                                     "not enforce a deadline; remove it to run locally"),
+])
+def test_run_refuses_what_only_the_operator_honours_in_one_line(policy, line, tmp_path, capsys):
+    job = yaml.safe_load(LOCAL_MINIMAL.read_text())
+    job["spec"]["runPolicy"] = policy
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--claims", tmp_path / "claims")
+    assert (code, out, err) == (1, "", line + "\n") and not (tmp_path / "work").exists()

@@ -98,9 +98,10 @@ CONFIG_ERROR_REASON = "config-error"  # a configuration the trainer refuses
 COLLECTIVE_TIMEOUT = "collective-timeout"  # a process-group timeout, or a peer that vanished
 STALLED = "stalled"  # the hang watchdog stopped a rank that made no progress
 FENCED = "fenced"  # a newer worker group (or another job) took the checkpoint volume: this group's commit was refused
+NETWORK_ERROR = "network-error"  # the preflight all-reduce or barrier did not complete: a rank missing, a broken network
 ERROR = "error"  # anything else: the exception's type and first line
 # reason -> exit code. 75 is EX_TEMPFAIL ("try again later"), 65 EX_DATAERR and
-# 73 EX_CANTCREAT in sysexits.h; 2 is the usual usage-error code; 80-83 are ours.
+# 73 EX_CANTCREAT in sysexits.h; 2 is the usual usage-error code; 80-84 are ours.
 EXIT_CODES = {
     PREEMPTED_REASON: 75,
     STORAGE_FULL: 73,
@@ -110,6 +111,7 @@ EXIT_CODES = {
     COLLECTIVE_TIMEOUT: 81,
     STALLED: 82,
     FENCED: 83,
+    NETWORK_ERROR: 84,
     ERROR: 1,
 }
 REASONS = tuple(EXIT_CODES)

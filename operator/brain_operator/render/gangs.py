@@ -46,6 +46,8 @@ def build_pod_group(job: Job) -> Optional[dict[str, Any]]:
             if sched.priority_class_name:
                 spec["priorityClassName"] = sched.priority_class_name
     api_version, kind = POD_GROUP_KINDS[gang]
+    if gang == GANG_NATIVE:
+        api_version = job.native_pod_group
     return {"apiVersion": api_version, "kind": kind, "metadata": metadata(job, pod_group_name(job)), "spec": spec}
 
 

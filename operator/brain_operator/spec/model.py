@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
 from brain_trainer.schema import Names, quoted, setting
 
-from ..schedulers import GANG_MODES, GANG_NONE
+from ..schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
 from .corev1 import core_problems, core_setting
 from .environment import NCCL_DEBUG, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, check_env
 from .kube import (
@@ -230,6 +230,7 @@ class FailurePolicySpec:
     stalled: str = _action(RESTART, "the hang watchdog stopped a rank that made no progress")
     fenced: str = _action(FAIL_JOB, "a newer worker group or another job took the checkpoint volume: this group must "
                           "not write it again")
+    network_error: str = _action(RESTART, "a rank did not join the preflight all-reduce, or the network broke it")
     error: str = _action(RESTART, "anything else, including a pod that names no reason")
 
     def action(self, reason: str) -> str:
@@ -344,5 +345,7 @@ class Job:
     checkpoint_request: Optional[str] = None  # the brain.ai/checkpoint-now annotation, when set
     # metadata.creationTimestamp (the API server's): where runPolicy.activeDeadlineSeconds starts counting.
     created: Optional[str] = None
+    # The apiVersion of Kubernetes' PodGroup that `gang: native` renders: the one the cluster serves (discovery.py).
+    native_pod_group: str = NATIVE_POD_GROUP[0]
     # The job's NetworkPolicy admits these (the operator's setting); None: no policy is rendered.
     network: Optional[NetworkAccess] = NetworkAccess()

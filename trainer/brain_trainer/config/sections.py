@@ -140,6 +140,10 @@ class DistributedConfig:
         None, choices=PRECISIONS, help="fp32, bf16 or fp16; default: the model preset's"
     )
     timeout_seconds: int = setting(1800, minimum=1, help="collective timeout of the process group (init_process_group)")
+    preflight_seconds: float = setting(
+        60.0, minimum=0, help="before the first step every rank joins one small all-reduce and a barrier within this "
+        "long, else the job fails as network-error naming the ranks missing; 0: no preflight"
+    )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.node_rank >= self.num_nodes:

@@ -48,6 +48,7 @@ from ..parallel.launcher import DistributedLauncher
 from ..parallel.memory import checkpoint_bytes, rank_estimate, resolve_distributed
 from ..resilience.failures import Fatal
 from ..resilience.preemption import Preemption
+from ..resilience.preflight import run_preflight
 from ..resilience.watchdog import Watchdog
 from ..schema import ConfigError, FieldError
 from ..version import __version__
@@ -206,6 +207,8 @@ def _launched(run: Run) -> TrainResult:
     with contextlib.ExitStack() as cleanup:  # undone in reverse order, whatever happens
         if ensure_process_group(cfg.distributed, rank, world_size):
             cleanup.callback(dist.destroy_process_group)
+        # A rank that never joins, or a network the collectives cannot cross, is network-error now, not stalled later.
+        run_preflight(cfg.distributed.preflight_seconds, rank, world_size, device)
         # From here on a rank that hangs (on a peer, a collective, storage) ends itself (watchdog.py).
         watchdog = Watchdog(cfg.watchdog)
         cleanup.callback(watchdog.close)
