@@ -21,7 +21,6 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Callable, Optional
 
 import torch
