@@ -16,7 +16,7 @@ TRAINER = ROOT / "trainer" / "brain_trainer"
 # line or above (so no two rooms import each other, even through a third). The entry points and the package's
 # face sit on top; `files`, `version` and `lazy` are leaves.
 LAYERS = (
-    ("__init__", "__main__", "export", "tokens"),
+    ("__init__", "__main__", "agent", "export", "tokens"),
     ("loop",),
     ("data", "model"),
     ("parallel",),

@@ -2,13 +2,16 @@
 
 Every command reads the manifest the way the operator does (`spec.parse_job`)
 and renders with the operator's own functions, so what `render` prints is
-what the cluster gets and what `run` executes locally. Errors are one line
-each (`FILE: spec.training.steps: must be >= 1, got 0`), never a traceback.
+what the cluster gets and what `run` executes locally. `--set PATH=VALUE`
+changes a field under `spec` as if the file said so (spec/overrides.py).
+Errors are one line each (`FILE: spec.training.steps: must be >= 1, got 0`),
+never a traceback; nor is a closed pipe (`braintrain estimate job.yaml | head -1`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -23,6 +26,8 @@ from . import __version__
 from .local_plan import LocalRunError
 from .logs import LOG_FORMATS
 from .spec import JOB_BACKENDS, OperatorDefaults, parse_job
+from .spec.overrides import apply_overrides, as_flags, attribute, parse_overrides
+from .spec.parse import IMAGE_FIELD
 from .storage import check_storage
 
 __all__ = ["main"]
@@ -43,6 +48,11 @@ def load_manifest(path: Path) -> dict[str, Any]:
     return data
 
 
+def job_manifest(args: argparse.Namespace) -> dict[str, Any]:
+    """The manifest in `args.file` with the command line's `--set`s applied."""
+    return apply_overrides(load_manifest(args.file), args.overrides)
+
+
 def _with_backend(manifest: dict[str, Any], backend: Optional[str]) -> dict[str, Any]:
     if backend is None or not isinstance(manifest.get("spec"), dict):
         return manifest
@@ -52,9 +62,8 @@ def _with_backend(manifest: dict[str, Any], backend: Optional[str]) -> dict[str,
 def cmd_run(args: argparse.Namespace) -> int:
     from .local import run_job
 
-    manifest = load_manifest(args.file)
-    return run_job(manifest, base_dir=args.file.resolve().parent, workdir=args.workdir, claims=args.claims,
-                   defaults=OperatorDefaults.from_env())
+    return run_job(job_manifest(args), base_dir=args.file.resolve().parent, workdir=args.workdir, claims=args.claims,
+                   defaults=OperatorDefaults.from_env(), overrides=tuple(o.text for o in args.overrides))
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -68,24 +77,37 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     from .render import render
 
-    manifest = _with_backend(load_manifest(args.file), args.backend)
+    manifest = _with_backend(job_manifest(args), args.backend)
     job = parse_job(manifest, defaults=OperatorDefaults.from_env())
     sys.stdout.write(kubeyaml.dump_all(render(job)))
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    manifest = load_manifest(args.file)
-    job = parse_job(manifest, require_image=not args.local, defaults=OperatorDefaults.from_env())
+    manifest = job_manifest(args)
+    try:
+        job = parse_job(manifest, require_image=not args.local, defaults=OperatorDefaults.from_env())
+    except ConfigError as exc:
+        raise ConfigError([_ways_to_an_image(e) for e in exc.errors]) from None
     check_storage(job)
-    print(f"{args.file}: valid BrainTrainingJob {job.name!r} ({job.spec.nodes} x {job.spec.nproc_per_node} processes)")
+    overridden = f", with {as_flags(o.text for o in args.overrides)}" if args.overrides else ""
+    print(f"{args.file}: valid BrainTrainingJob {job.name!r} ({job.spec.nodes} x {job.spec.nproc_per_node} processes"
+          f"{overridden})")
     return 0
+
+
+def _ways_to_an_image(error: FieldError) -> FieldError:
+    """A missing image names `--local` too: `braintrain run` needs none, and the shipped local examples name none."""
+    if error.path != IMAGE_FIELD:
+        return error
+    return FieldError(error.path, f"{error.message}, or check the job as `braintrain run` reads it "
+                                  "(no image needed): braintrain validate --local")
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate_lines
 
-    job = parse_job(load_manifest(args.file), require_image=False, defaults=OperatorDefaults.from_env())
+    job = parse_job(job_manifest(args), require_image=False, defaults=OperatorDefaults.from_env())
     check_storage(job)
     print("\n".join(estimate_lines(job, device_memory_gib=args.device_memory)))
     return 0
@@ -152,6 +174,11 @@ def _parser() -> argparse.ArgumentParser:
 
     def manifest_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument("file", type=Path, metavar="FILE", help="a BrainTrainingJob manifest (YAML)")
+        p.add_argument(
+            "--set", action="append", default=[], metavar="PATH=VALUE",
+            help="set a field under spec as if the file said so (repeatable): training.steps=10, "
+            "checkpoint.intervalSteps=5, scheduling.tolerations[0].key=gpu; VALUE is YAML, as in the manifest",
+        )
 
     p = command("run", cmd_run, "train the job locally: one torchrun agent per worker pod, on this machine")
     manifest_arg(p)
@@ -208,10 +235,24 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return args.handler(args)
+        args.overrides = parse_overrides(getattr(args, "set", ()))
+    except ConfigError as exc:  # the command line's, not the file's
+        for error in exc.errors:
+            print(f"braintrain: {error}", file=sys.stderr)
+        return 1
+    try:
+        code = args.handler(args)
+        # Flushed here, output into a closed pipe fails below, where it is handled, not in the interpreter's exit.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python's advice (signal module, "Note on SIGPIPE"): what is left to write goes nowhere, and the exit code
+        # is the one Python gives a write to a closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except ConfigError as exc:
         where = getattr(args, "file", None)
-        for error in exc.errors:
+        for error in attribute(exc.errors, args.overrides):
             print(f"{where}: {error}" if where else str(error), file=sys.stderr)
         return 1
     except (CliError, LocalRunError) as exc:

@@ -21,6 +21,8 @@ from rich.text import Text
 
 from brain_trainer.contract import Goodput, Progress, perplexity
 
+from .spec.overrides import as_flags
+
 __all__ = [
     "Display",
     "PlainDisplay",
@@ -97,6 +99,7 @@ class RunSummary:
     first_eval_loss: Optional[float] = None
     goodput: Optional[Goodput] = None
     set_aside: tuple[str, ...] = ()  # folders checkpoint.resumeFrom moved checkpoints into during the run
+    overrides: tuple[str, ...] = ()  # the command line's `--set PATH=VALUE`s, as given
 
 
 def goodput_line(g: Optional[Goodput]) -> str:
@@ -118,6 +121,7 @@ def summary_lines(s: RunSummary) -> list[str]:
     return [
         f"status:      {s.status}" + (f" ({s.message})" if s.message else ""),
         *([f"reason:      {s.reason}"] if s.reason else []),
+        *([f"overrides:   {as_flags(s.overrides)}"] if s.overrides else []),
         f"steps:       {'-' if s.step is None else s.step}/{s.total_steps}",
         f"final loss:  {_loss(s.loss)}{fell}",
         *evaluated,

@@ -411,7 +411,7 @@ def _prepare(plan: LocalPlan) -> None:
 
 
 def _summary(plan: LocalPlan, runner: _Runner, status: str, restarts: int, message: str, wall_seconds: float,
-             set_aside_before: set[Path]) -> RunSummary:
+             set_aside_before: set[Path], overrides: tuple[str, ...]) -> RunSummary:
     doc = read_progress(plan.progress_file)
     last = newest_committed(plan.checkpoint_dir)
     return RunSummary(
@@ -431,6 +431,7 @@ def _summary(plan: LocalPlan, runner: _Runner, status: str, restarts: int, messa
         goodput=doc.goodput if doc else None,
         # Made by this run's trainers (checkpoint.resumeFrom): where the checkpoints that were in the way went.
         set_aside=tuple(str(p) for p in set_aside_folders(plan.checkpoint_dir) if p not in set_aside_before),
+        overrides=overrides,
     )
 
 
@@ -442,16 +443,18 @@ def run_job(
     claims: Optional[Path] = None,
     stream: TextIO = sys.stdout,
     defaults: Optional[OperatorDefaults] = None,
+    overrides: tuple[str, ...] = (),
 ) -> int:
-    """Run the job's workers locally; the exit code is 0 only when it succeeded."""
+    """Run the job's workers locally; the exit code is 0 only when it succeeded. `overrides`: the `--set`s already
+    applied to `manifest`, which the summary lists."""
     # One metrics port for the whole run (trainer.yaml, which carries it, is written once), held until the
     # run ends so that nobody takes it before a rank 0 listens on it, at any attempt.
     with held_port() as metrics_port:
         return _run(planner(manifest, base_dir=base_dir, workdir=workdir, metrics_port=metrics_port, claims=claims,
-                            defaults=defaults), stream)
+                            defaults=defaults), stream, overrides)
 
 
-def _run(plan_for: Callable[[], LocalPlan], stream: TextIO) -> int:
+def _run(plan_for: Callable[[], LocalPlan], stream: TextIO, overrides: tuple[str, ...]) -> int:
     plan = plan_for()
     check_storage(plan.job)
     unsupported = cluster_only(plan.job)
@@ -473,11 +476,11 @@ def _run(plan_for: Callable[[], LocalPlan], stream: TextIO) -> int:
         )
         return 0
     with running_here(plan.workdir) as state:
-        return _supervise(plan_for, plan, done, stream, state)
+        return _supervise(plan_for, plan, done, stream, state, overrides)
 
 
 def _supervise(plan_for: Callable[[], LocalPlan], plan: LocalPlan, done: Optional[Candidate], stream: TextIO,
-               state: IO[str]) -> int:
+               state: IO[str], overrides: tuple[str, ...]) -> int:
     """Run the attempts, then print the summary and leave it in the run state."""
     _prepare(plan)
     # Before any step is computed: a folder without room for the next checkpoint fails now.
@@ -497,7 +500,8 @@ def _supervise(plan_for: Callable[[], LocalPlan], plan: LocalPlan, done: Optiona
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         display.close()
-    summary = _summary(plan, runner, status, restarts, message, time.monotonic() - started, set_aside_before)
+    summary = _summary(plan, runner, status, restarts, message, time.monotonic() - started, set_aside_before,
+                       overrides)
     print("\n".join(summary_lines(summary)), file=stream, flush=True)
     _say(state, f"{status} at step {summary.step}/{summary.total_steps}" + (f" ({message})" if message else ""))
     if status == "Succeeded":

@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Mapping, Optional
 
 from brain_trainer.contract import (
+    AGENT_MODULE,
     CHECKPOINT_REQUEST_FILE,
     CONFIG_FILE,
     LAUNCH_ENV_KEYS,
@@ -129,20 +130,23 @@ def rewrite_path(value: str, mounts: Mapping[str, Path]) -> str:
 
 
 def localize(job: Job, *, base_dir: Path, stdlib: Path) -> Job:
-    """The job with `spec.data.path` made absolute for this machine.
+    """The job with the paths it reads, `spec.data.path` and `spec.model.initFrom`, made absolute for this machine.
 
     `{stdlib}` expands to the Python standard library's folder; a relative
-    path is taken relative to the manifest's folder, as its reader sees it.
+    path is taken relative to the manifest's folder, as its reader sees it
+    (the trainers run in the work directory, where it would mean nothing).
     """
-    path = job.spec.data.path
+    data = replace(job.spec.data, path=_local_path(job.spec.data.path, base_dir, stdlib))
+    model = replace(job.spec.model, init_from=_local_path(job.spec.model.init_from, base_dir, stdlib))
+    return replace(job, spec=replace(job.spec, data=data, model=model))
+
+
+def _local_path(path: Optional[str], base_dir: Path, stdlib: Path) -> Optional[str]:
     if not path or PurePosixPath(path).is_absolute() or path.startswith("~"):
-        return job
+        return path
     if path.startswith(STDLIB_PLACEHOLDER):
-        local = str(stdlib) + path[len(STDLIB_PLACEHOLDER) :]
-    else:
-        local = str(base_dir / path)
-    data = replace(job.spec.data, path=local)
-    return replace(job, spec=replace(job.spec, data=data))
+        return str(stdlib) + path[len(STDLIB_PLACEHOLDER) :]
+    return str(base_dir / path)
 
 
 def _folders(worker: Worker, workdir: Path, claims: Path) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -210,11 +214,14 @@ def plan_local(
     checkpoint_dir = shared[CHECKPOINT_VOLUME]
     # Loopback: the progress display reads it here, and nobody else on the network should.
     config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port, metrics_address=LOOPBACK)
-    # Volumes are read and written at their local folders: data on a mounted volume, TensorBoard on one (rank 0,
-    # worker 0, writes it; a relative folder is below the work directory).
+    # Volumes are read and written at their local folders: data and initial weights on a mounted volume (the
+    # checkpoint claim's `/checkpoints/export/...`), TensorBoard on one (rank 0, worker 0, writes it; a relative folder is
+    # below the work directory).
     shared_mounts = {v.mount_path: shared[v.name] for v in workers[0].container.volumes if v.name in shared}
     if config.data.path:
         config = replace(config, data=replace(config.data, path=rewrite_path(config.data.path, shared_mounts)))
+    if config.model.init_from:
+        config = replace(config, model=replace(config.model, init_from=rewrite_path(config.model.init_from, shared_mounts)))
     if config.metrics.tensorboard_dir:
         metrics = replace(config.metrics, tensorboard_dir=rewrite_path(config.metrics.tensorboard_dir, shared_mounts))
         config = replace(config, metrics=metrics)
@@ -239,7 +246,8 @@ def plan_local(
         # torchrun sets one thread per process only when a node runs several; local
         # agents share one machine, so its cores are split between all processes.
         env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // procs)))
-        argv = [python, "-m", "torch.distributed.run", *(rewrite_path(a, mounts) for a in worker.container.args)]
+        # torchrun's agent, quiet when stopped (contract.AGENT_MODULE): every stop of a local run is a SIGTERM.
+        argv = [python, "-m", AGENT_MODULE, *(rewrite_path(a, mounts) for a in worker.container.args)]
         local_workers.append(LocalWorker(worker.name, argv, env, list(scratch.values()), termination_log))
 
     config_folder = next(shared[v.name] for v in workers[0].container.volumes if v.kind == CONFIG_MAP)

@@ -106,7 +106,7 @@ def process_of(workdir: Path, program: bytes, marker: bytes, what: str) -> int:
 def agent_of(pod_index: int, workdir: Path) -> int:
     """The pid of the torchrun agent playing worker pod `pod_index` of the run in `workdir`."""
     pod = f"{TERMINATION_LOG_ENV}={workdir / 'termination' / f'local-minimal-worker-{pod_index}'}".encode()
-    return process_of(workdir, b"torch.distributed.run", pod, f"torchrun agent for pod {pod_index}")
+    return process_of(workdir, b"brain_trainer.agent", pod, f"torchrun agent for pod {pod_index}")
 
 
 def trainer_of(rank: int, workdir: Path) -> int:
@@ -295,3 +295,31 @@ def test_a_killed_trainer_on_worker_1_is_one_restart_and_goodput_shows_the_recom
     assert json.loads((workdir / "progress.json").read_text())["restarts"] == ledger["restarts"] == 1
     (shown,) = [line for line in out.splitlines() if line.startswith("goodput:")]
     assert f"{100 * goodput['ratio']:.0f}% of " in shown and "recomputed" in shown
+
+
+def test_a_stopped_run_ends_with_its_summary_and_no_traceback(tmp_path):
+    """SIGTERM (what Ctrl-C and `kill` send): the trainers commit a checkpoint, the agents stop quietly, the summary
+    says Stopped and lists the run's --set overrides."""
+    job = write_job(tmp_path / "job.yaml")
+    workdir = tmp_path / "run"
+    argv = [BRAINTRAIN, "run", job, "--workdir", workdir, "--claims", workdir.parent / "claims",
+            "--set", "training.steps=100000", "--set", "checkpoint.intervalSteps=0"]
+    stopped_at = None
+    with start(argv, timeout=240) as run:
+        for line in run.lines():
+            logged = LOGGED_STEP.search(line)
+            # Rank 0 logged a step: every trainer runs, so every agent has its signal handlers.
+            if stopped_at is None and logged:
+                stopped_at = int(logged[1])
+                run.send_signal(signal.SIGTERM)
+        code = run.wait()
+    out = run.output
+    assert stopped_at is not None, out[-4000:]
+    assert code == 128 + signal.SIGTERM, out[-4000:]
+    lines = out.splitlines()
+    status = next(i for i, line in enumerate(lines) if line.startswith("status:"))
+    assert lines[status:status + 2] == ["status:      Stopped (SIGTERM; rerun to continue)",
+                                        "overrides:   --set training.steps=100000 --set checkpoint.intervalSteps=0"]
+    assert "Traceback" not in out and "SignalException" not in out, out[-4000:]
+    # The trainers' own stop, as before: a checkpoint committed past the step the runner saw logged.
+    assert summary(out)["steps"].endswith("/100000") and committed_steps(workdir)[-1] >= stopped_at

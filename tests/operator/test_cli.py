@@ -113,10 +113,114 @@ def test_validate_accepts_every_example(capsys, monkeypatch):
         assert "valid BrainTrainingJob" in out
 
 
-def test_validate_without_local_requires_the_image(capsys, monkeypatch):
+def test_validate_without_local_requires_the_image_and_names_every_way_on(capsys, monkeypatch):
     monkeypatch.delenv(OperatorDefaults.ENV_IMAGE, raising=False)
     code, _, err = run_cli(capsys, "validate", LOCAL_MINIMAL)
-    assert code == 1 and err.strip() == f"{LOCAL_MINIMAL}: spec.image: required: the trainer image the workers run"
+    assert code == 1 and err.strip() == (
+        f"{LOCAL_MINIMAL}: spec.image: required: the trainer image the workers run; set it, or the operator's default "
+        "in the environment variable BRAIN_TRAINER_IMAGE, or check the job as `braintrain run` reads it "
+        "(no image needed): braintrain validate --local")
+    # Each way it names is a way on.
+    for way in (["--local"], ["--set", "image=registry.example/trainer:1"]):
+        code, out, err = run_cli(capsys, "validate", LOCAL_MINIMAL, *way)
+        assert (code, err) == (0, ""), way
+    monkeypatch.setenv(OperatorDefaults.ENV_IMAGE, "registry.example/trainer:1")
+    assert run_cli(capsys, "validate", LOCAL_MINIMAL)[:3:2] == (0, "")
+    # render has no --local: it names the image's two sources.
+    monkeypatch.delenv(OperatorDefaults.ENV_IMAGE)
+    code, _, err = run_cli(capsys, "render", LOCAL_MINIMAL)
+    assert code == 1 and err.strip().endswith("set it, or the operator's default in the environment variable BRAIN_TRAINER_IMAGE")
+
+
+def test_validate_accepts_a_relative_init_from_that_run_reads_from_the_manifests_folder(tmp_path, capsys):
+    data = yaml.safe_load(LOCAL_MINIMAL.read_text())
+    data["spec"]["model"]["initFrom"] = "weights/model.safetensors"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli(capsys, "validate", "--local", path)
+    assert (code, err) == (0, "") and "valid BrainTrainingJob" in out
+    # (test_local_plan: the local plan's trainer.yaml names tmp_path/weights/model.safetensors.)
+
+
+# -- --set PATH=VALUE on run, render, validate and estimate --
+
+
+def test_validate_with_set_checks_the_overridden_job_and_says_so(capsys, monkeypatch):
+    monkeypatch.delenv(OperatorDefaults.ENV_IMAGE, raising=False)
+    code, out, err = run_cli(capsys, "validate", "--local", LOCAL_MINIMAL, "--set", "nodes=3", "--set", "spec.training.steps=10")
+    assert (code, err) == (0, "")
+    assert out == (f"{LOCAL_MINIMAL}: valid BrainTrainingJob 'local-minimal' (3 x 1 processes, with --set nodes=3 "
+                   "--set spec.training.steps=10)\n")
+
+
+@pytest.mark.parametrize("command", [["validate", "--local"], ["render"], ["estimate"], ["run"]])
+def test_a_bad_set_is_one_line_naming_the_field_and_the_value_and_starts_nothing(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(OperatorDefaults.ENV_IMAGE, "registry.example/trainer:1")
+    cases = [
+        (["training.steps=0"], f"{LOCAL_MINIMAL}: spec.training.steps: must be >= 1, got 0 (--set training.steps=0)"),
+        (["training.steps=many"],
+         f"{LOCAL_MINIMAL}: spec.training.steps: must be an integer, got 'many' (--set training.steps=many)"),
+        (["training.stepz=10"], f"{LOCAL_MINIMAL}: spec.training.stepz: unknown field (known fields: steps, "),
+        (["training.steps.x=1"],
+         f"{LOCAL_MINIMAL}: spec.training.steps: is 200, not a mapping: --set cannot reach below it (--set training.steps.x=1)"),
+        (["data.path=*.txt"], "braintrain: spec.data.path: --set value '*.txt' is not valid YAML ("),
+        (["training.steps"], "braintrain: --set: expected PATH=VALUE with PATH a field under spec"),
+    ]
+    for sets, line in cases:
+        code, out, err = run_cli(capsys, *command[:1], LOCAL_MINIMAL, *command[1:], *(a for s in sets for a in ("--set", s)))
+        assert code == 1 and out == "" and len(err.splitlines()) == 1 and err.startswith(line), (command, sets, err)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_render_with_set_renders_the_overridden_job(capsys, monkeypatch):
+    monkeypatch.delenv(OperatorDefaults.ENV_IMAGE, raising=False)
+    code, out, err = run_cli(capsys, "render", LOCAL_MINIMAL, "--set", "image=registry.example/trainer:2", "--set", "nodes=3",
+                             "--set", "scheduling.tolerations[0]={key: gpu, operator: Exists}")
+    assert code == 0, err
+    pods = [o for o in yaml.safe_load_all(out) if o["kind"] == "Pod"]
+    assert len(pods) == 3
+    assert {p["spec"]["containers"][0]["image"] for p in pods} == {"registry.example/trainer:2"}
+    assert all({"key": "gpu", "operator": "Exists"} in p["spec"]["tolerations"] for p in pods)
+
+
+def test_estimate_with_set_is_the_estimate_of_the_edited_file(tmp_path, capsys):
+    data = yaml.safe_load(GPU_7B.read_text())
+    data["spec"]["training"]["microBatchSize"] = 1
+    data["spec"]["nodes"] = 2
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(data))
+    code, from_file, err = run_cli(capsys, "estimate", edited)
+    assert code == 0, err
+    code, overridden, err = run_cli(capsys, "estimate", GPU_7B, "--set", "training.microBatchSize=1", "--set", "nodes=2")
+    assert code == 0, err
+    _, plain, _ = run_cli(capsys, "estimate", GPU_7B)
+    assert overridden == from_file != plain
+
+
+
+# A reader that is gone before the first write, as `head -1` is once it has its line; Python ignores SIGPIPE, so the
+# write fails with EPIPE (BrokenPipeError).
+CLOSED_PIPE = """
+import os, subprocess, sys
+read, write = os.pipe()
+os.close(read)
+done = subprocess.run(sys.argv[1:], stdout=write, stderr=subprocess.PIPE, text=True)
+print(done.returncode)
+sys.stdout.write(done.stderr)
+"""
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    braintrain = Path(sys.executable).with_name("braintrain")
+    done = run([sys.executable, "-c", CLOSED_PIPE, braintrain, "estimate", GPU_7B], timeout=120)
+    assert done.returncode == 0, done.stderr
+    code, _, stderr = done.stdout.partition("\n")
+    # Python's own exit code for a write into a closed pipe, and nothing on stderr.
+    assert (code, stderr) == ("1", "")
+    # As a newcomer meets it.
+    done = run(["bash", "-c", '"$0" estimate "$1" | head -1', braintrain, GPU_7B], timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("brain-7b: preset 7b") and done.stderr == ""
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,16 @@ def test_summary_names_every_figure():
     assert "goodput:     -" in text.splitlines()  # no trainer reported it
 
 
+def test_the_summary_lists_the_overrides_as_a_shell_takes_them_back():
+    summary = RunSummary(
+        status="Failed", step=100, total_steps=200, loss=None, first_loss=None, tokens_per_second=None,
+        wall_seconds=5.0, checkpoint=None, restarts=0, reason="error: x", overrides=("training.steps=200", "data.path=a b"),
+    )
+    lines = summary_lines(summary)
+    assert lines[2] == "overrides:   --set training.steps=200 --set 'data.path=a b'"
+    assert not any(line.startswith("overrides:") for line in summary_lines(replace(summary, overrides=())))
+
+
 def test_a_failed_runs_reason_is_the_first_line_after_its_status():
     summary = RunSummary(
         status="Failed", step=100, total_steps=200, loss=None, first_loss=None, tokens_per_second=None,

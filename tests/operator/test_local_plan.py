@@ -43,8 +43,9 @@ def test_each_worker_pod_becomes_a_torchrun_agent_with_the_pods_args():
     p = plan()
     assert [w.name for w in p.workers] == ["local-minimal-worker-0", "local-minimal-worker-1"]
     for worker in p.workers:
+        # torchrun's agent, run by brain_trainer.agent: quiet when the runner stops it.
         assert worker.argv == [
-            PYTHON, "-m", "torch.distributed.run", "-m", "brain_trainer", "--config", str(WORKDIR / "config" / "trainer.yaml"),
+            PYTHON, "-m", "brain_trainer.agent", "-m", "brain_trainer", "--config", str(WORKDIR / "config" / "trainer.yaml"),
         ]
 
 
@@ -175,6 +176,30 @@ def test_localize_expands_the_stdlib_placeholder_and_relative_paths():
     assert localized("~/corpus/*.txt") == "~/corpus/*.txt"
     untouched = parse_job(manifest(data={"source": "synthetic"}), require_image=False)
     assert localize(untouched, base_dir=base, stdlib=stdlib) == untouched
+
+
+@pytest.mark.parametrize("init_from, local", [
+    # Relative: from the manifest's folder, as data.path (the trainers run in the work directory).
+    ("weights/model.safetensors", "/home/u/jobs/weights/model.safetensors"),
+    ("../exports/run-1", "/home/u/jobs/../exports/run-1"),
+    ("/data/model.safetensors", "/data/model.safetensors"),
+    ("~/model.safetensors", "~/model.safetensors"),
+    # On the checkpoint claim, as a pod sees it: the claim's local folder.
+    ("/checkpoints/export/model.safetensors", str(CLAIM / "export" / "model.safetensors")),
+])
+def test_init_from_is_read_from_where_the_manifest_and_the_claim_are(init_from, local):
+    job = parse_job(manifest(model={"initFrom": init_from}), require_image=False)
+    localized = localize(job, base_dir=Path("/home/u/jobs"), stdlib=Path("/usr/lib/python3.11"))
+    p = plan_local(localized, workdir=WORKDIR, claims=CLAIMS, rendezvous=RENDEZVOUS, metrics_port=41235,
+                   python=PYTHON, cpu_count=8)
+    assert local_trainer_yaml(p)["model"]["init_from"] == local
+
+
+def test_the_runners_planner_resolves_a_relative_init_from_against_the_manifests_folder(tmp_path):
+    plan_for = planner(manifest(model={"initFrom": "weights"}), base_dir=tmp_path / "jobs", workdir=tmp_path / "run",
+                       metrics_port=41235)
+    trainer_yaml = yaml.safe_load(plan_for().files[tmp_path / "run" / "config" / "trainer.yaml"])
+    assert trainer_yaml["model"]["init_from"] == str(tmp_path / "jobs" / "weights")
 
 
 def test_process_env_drops_inherited_launch_variables():

@@ -19,6 +19,8 @@ from .schema import ConfigError, from_dict, setting, to_dict, valid_fields
 # -- how a worker starts the trainer --
 
 TRAINER_MODULE = "brain_trainer"
+# What a local worker pod runs instead of `torchrun`: the same agent, without a traceback when it is stopped.
+AGENT_MODULE = "brain_trainer.agent"
 CONFIG_FLAG = "--config"
 CONFIG_FILE = "trainer.yaml"
 # Beside trainer.yaml (another key of the same ConfigMap): a new non-empty content asks the

@@ -15,6 +15,7 @@ brain_operator.resource, re-exported here. Each module has one job:
     overlay      spec.podTemplate: the pod overlay and its rules
     overlay_policy  what the overlay may ask for beyond the safe settings (the chart's podOverlayPolicy)
     derive       what follows from a job (size, backend, strategy, trainer.yaml)
+    overrides    `--set PATH=VALUE`: the manifest changed before it is parsed
 """
 
 from brain_trainer.schema import ConfigError

@@ -16,6 +16,7 @@ from .overlay_policy import policy_problems
 from ..resource import API_VERSION, KIND
 
 _TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
+IMAGE_FIELD = "spec.image"
 
 
 def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[OperatorDefaults] = None) -> Job:
@@ -40,7 +41,8 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
     spec = _spec(manifest.get("spec"), defaults, errors)
     if spec is not None:
         if require_image and not spec.image:
-            errors.append(FieldError("spec.image", "required: the trainer image the workers run"))
+            errors.append(FieldError(IMAGE_FIELD, f"required: the trainer image the workers run; set it, or the "
+                                                  f"operator's default in the environment variable {OperatorDefaults.ENV_IMAGE}"))
         if name is not None:
             longest = worker_pod_name(name, spec.node_range()[1] - 1)
             if len(longest) > DNS_LABEL_MAX:
