@@ -241,13 +241,12 @@ def test_data_error(tmp_path):
 def test_a_restarted_attempt_takes_the_reason_the_failed_one_left_in_the_pod(tmp_path, monkeypatch):
     log = tmp_path / "termination-log"
     monkeypatch.setenv(contract.TERMINATION_LOG_ENV, str(log))
-    log.write_text(contract.termination_message("error", "RuntimeError: boom"))
-    monkeypatch.setenv(contract.RESTART_COUNT_ENV, "0")  # a pod's first attempt: what is there is not this pod's
-    assert begin_attempt() is None and log.read_text() == ""
     monkeypatch.setenv(contract.RESTART_COUNT_ENV, "1")
     log.write_text(contract.termination_message("error", "RuntimeError: boom"))
     assert begin_attempt() == "error: RuntimeError: boom" and log.read_text() == ""
-    assert begin_attempt() == UNNAMED_FAILURE  # killed before it could say why
+    assert begin_attempt() == UNNAMED_FAILURE  # torchrun counted a failure that was killed before it could say why
+    monkeypatch.setenv(contract.RESTART_COUNT_ENV, "0")  # a pod's first attempt, or a restart no failure counted
+    assert begin_attempt() is None
 
 
 def test_a_reason_that_fails_the_job_stops_torchrun_restarting_the_pod(tmp_path):

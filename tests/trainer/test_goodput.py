@@ -80,10 +80,13 @@ def test_in_pod_restarts_are_torchruns_restarts_since_the_previous_start_with_th
                           restarted_after="out-of-memory: MemoryError")
     # The attempt that left no entry is a restart too: torchrun counted it.
     assert (thrice.restarts, thrice.in_pod_restarts, thrice.last_in_pod_restart) == (3, 3, "out-of-memory: MemoryError")
-    # A replaced pod's new torchrun (another agent, or the same pid counting from 0): a restart, not an in-pod one.
-    for agent in ("pod-0:7", "pod-0:1"):
-        replaced = Ledger.begin(thrice, "uid-1", now=1030.0, agent=agent, agent_restarts=0)
-        assert (replaced.restarts, replaced.in_pod_restarts, replaced.last_in_pod_restart) == (4, 3, thrice.last_in_pod_restart)
+    # The same torchrun restarting for a peer pod's failure (a membership change: its count stays): in-pod too.
+    peer = Ledger.begin(thrice, "uid-1", now=1025.0, agent="pod-0:1", agent_restarts=3,
+                        restarted_after="preempted: SIGTERM: step 4 committed")
+    assert (peer.restarts, peer.in_pod_restarts, peer.last_in_pod_restart) == (4, 4, "preempted: SIGTERM: step 4 committed")
+    # A replaced pod's new torchrun: a restart, not an in-pod one.
+    replaced = Ledger.begin(peer, "uid-1", now=1030.0, agent="pod-0:7", agent_restarts=0)
+    assert (replaced.restarts, replaced.in_pod_restarts, replaced.last_in_pod_restart) == (5, 4, peer.last_in_pod_restart)
     # Without a ledger on disk (no checkpoint folder) torchrun's count is all there is, and it is a restart too.
     alone = Ledger.begin(None, "uid-1", now=1.0, agent="pod-0:1", agent_restarts=2, restarted_after="error: x")
     assert (alone.restarts, alone.in_pod_restarts) == (2, 2)

@@ -57,14 +57,16 @@ class Ledger:
         """This trainer's ledger: the run's, one restart more, with the gap since its last entry as waiting; or a new one.
 
         `agent` and `agent_restarts` say which torchrun started this trainer and how often it had restarted its
-        workers: the restarts it made since the previous start are in-pod restarts, the latest because of
-        `restarted_after`. A new agent (a replaced pod) counts from 0.
+        workers after a failure (TORCHELASTIC_RESTART_COUNT), the latest because of `restarted_after`. A start by
+        the agent of the previous one is an in-pod restart, also when torchrun restarted for a peer pod's failure
+        without counting it; a new agent (a replaced pod) brings the restarts it made before this start.
         """
         if previous is None or previous.run_id != run_id:
             base = cls(run_id=run_id, started_at=now, updated_at=now)
+            in_pod = agent_restarts
         else:
             base = replace(previous.add(WAITING, max(0.0, now - previous.updated_at), now), restarts=previous.restarts + 1)
-        in_pod = max(0, agent_restarts - (base.agent_restarts if base.agent == agent else 0))
+            in_pod = max(1, agent_restarts - previous.agent_restarts) if previous.agent == agent else agent_restarts
         return replace(
             base,
             # Attempts that died before their first entry (or without a ledger on disk) are restarts too: torchrun

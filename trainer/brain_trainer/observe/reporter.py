@@ -66,9 +66,9 @@ class Reporter:
         # The run's ledger lives beside the checkpoints, which outlive this trainer; written at once, so this start
         # counts as a restart of the run even if it dies before its first step.
         folder = Path(cfg.checkpoint.dir) if self.active and cfg.checkpoint.enabled else None
-        # torchrun restarts its workers in place: its pid and restart count tell this start's in-pod restarts.
+        # torchrun restarts its workers in place: which torchrun, and its restart count, tell the in-pod restarts.
         self.goodput = GoodputLog(folder, os.environ.get(RUN_ID_ENV, ""), started,
-                                  agent=f"{socket.gethostname()}:{os.getppid()}", agent_restarts=restart_count(),
+                                  agent=torchrun_agent() if self.active else "", agent_restarts=restart_count(),
                                   restarted_after=restarted_after)
         self.goodput.save()
         if self.active and restarted_after is not None:
@@ -206,3 +206,15 @@ def _restarts(ledger: Ledger) -> dict[str, Any]:
     """The progress fields of the run's restarts, from the ledger (the in-pod ones with the latest reason)."""
     return {"restarts": ledger.restarts, "in_pod_restarts": ledger.in_pod_restarts,
             "last_in_pod_restart": ledger.last_in_pod_restart or None}
+
+
+def torchrun_agent() -> str:
+    """Which torchrun agent started this process: host, pid and, where /proc tells them, the boot and the agent's
+    start time (a replaced pod's torchrun has the pod's name for host and often the same pid: 1)."""
+    ppid = os.getppid()
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        started = Path(f"/proc/{ppid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22, starttime
+    except (OSError, IndexError):
+        boot = started = ""
+    return f"{socket.gethostname()}:{ppid}:{boot}:{started}"

@@ -7,8 +7,8 @@ logs one line), writes `brain.ai/<reason>: <line>` to the termination log,
 stops its torchrun agent when the reason fails the job anyway (FAIL_FAST_ENV:
 a restart inside the pod would fail the same way) and returns the reason's
 exit code. `begin_attempt` empties the termination log when a pod's workers
-start, and returns the reason the attempt before left there when torchrun
-restarted them in place (an in-pod restart). Torch-free: torch's exception types are
+start, and returns the reason the attempt before left there (why torchrun
+restarted them in place: an in-pod restart). Torch-free: torch's exception types are
 looked up only when torch is loaded (an error before that cannot be one).
 """
 
@@ -151,24 +151,23 @@ def begin_attempt() -> Optional[str]:
     """Forget the reason of an earlier attempt in this pod (torchrun restarts its workers in place); call once per
     pod (local rank 0), before any rank can fail.
 
-    Returns why torchrun restarted the workers (`reason: line`, as the failed attempt wrote it), or None for a
-    pod's first attempt: the termination log is the one record that outlives the workers inside the pod.
+    Returns why torchrun restarted the workers (`reason: line`, as the attempt before wrote it; UNNAMED_FAILURE
+    when torchrun counted a failure that wrote nothing), or None when nothing says: the termination log is the one
+    record that outlives the workers inside the pod. (A restart for a peer pod's failure leaves the echo this pod
+    saw, `preempted` or `collective-timeout`, and no count.) Whether this start is an in-pod restart at all is
+    the goodput ledger's to judge.
     """
     path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
-    restarted, said = restart_count() > 0, None
-    if restarted:
-        try:
-            with open(path, errors="replace") as f:
-                said = parse_termination(f.read(TERMINATION_MESSAGE_MAX))
-        except OSError:
-            pass
+    said = None
     try:
+        with open(path, errors="replace") as f:
+            said = parse_termination(f.read(TERMINATION_MESSAGE_MAX))
         os.truncate(path, 0)
     except OSError:
         pass
-    if not restarted:
-        return None
-    return f"{said[0]}: {said[1]}" if said is not None else UNNAMED_FAILURE
+    if said is not None:
+        return f"{said[0]}: {said[1]}"
+    return UNNAMED_FAILURE if restart_count() > 0 else None
 
 
 def report(exc: BaseException, rank: Optional[str] = None) -> int:
