@@ -33,6 +33,7 @@ __all__ = [
     "make_display",
     "progress_line",
     "read_progress",
+    "restarts_line",
     "summary_lines",
 ]
 
@@ -100,6 +101,8 @@ class RunSummary:
     goodput: Optional[Goodput] = None
     set_aside: tuple[str, ...] = ()  # folders checkpoint.resumeFrom moved checkpoints into during the run
     overrides: tuple[str, ...] = ()  # the command line's `--set PATH=VALUE`s, as given
+    in_pod_restarts: int = 0  # of the restarts, those torchrun made inside a pod (rank 0's progress document)
+    last_in_pod_restart: str = ""  # why the latest of them happened
 
 
 def goodput_line(g: Optional[Goodput]) -> str:
@@ -110,6 +113,14 @@ def goodput_line(g: Optional[Goodput]) -> str:
              if key.endswith("_seconds") and key != "wall_seconds" and value > 0]
     detail = ", ".join(f"{kind} {value:.1f} s" for kind, value in parts)
     return f"{100 * g.ratio:.0f}% of {format_duration(g.wall_seconds)}" + (f": {detail}" if detail else "")
+
+
+def restarts_line(s: RunSummary) -> str:
+    """`2 (1 in pod, last: error: RuntimeError: boom)`: the runner's restarts of every pod and torchrun's inside one."""
+    if not s.in_pod_restarts:
+        return str(s.restarts)
+    last = f", last: {s.last_in_pod_restart}" if s.last_in_pod_restart else ""
+    return f"{s.restarts + s.in_pod_restarts} ({s.in_pod_restarts} in pod{last})"
 
 
 def summary_lines(s: RunSummary) -> list[str]:
@@ -127,7 +138,7 @@ def summary_lines(s: RunSummary) -> list[str]:
         *evaluated,
         f"tokens/s:    {_rate(s.tokens_per_second)}",
         f"wall time:   {format_duration(s.wall_seconds)}",
-        f"restarts:    {s.restarts}",
+        f"restarts:    {restarts_line(s)}",
         f"goodput:     {goodput_line(s.goodput)}",
         f"checkpoint:  {s.checkpoint or '-'}",
         *(f"set aside:   {folder} (checkpoints moved out of the way by checkpoint.resumeFrom)" for folder in s.set_aside),

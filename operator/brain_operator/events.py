@@ -80,6 +80,18 @@ def _phase_message(status: JobStatus) -> str:
     return (condition.message if condition else None) or ""
 
 
+def in_pod_restart_event(before: JobStatus, status: JobStatus) -> Optional[Event]:
+    """A Warning InPodRestart when rank 0's document counts more in-pod restarts than the status did: torchrun
+    restarted the workers inside a pod, which no pod event shows."""
+    more = status.in_pod_restarts - before.in_pod_restarts
+    if more <= 0:
+        return None
+    why = f" after {status.last_in_pod_restart}" if status.last_in_pod_restart else ""
+    return Event(WARNING, "InPodRestart",
+                 f"torchrun restarted the workers inside a pod{why} ({more} more, {status.in_pod_restarts} in all; "
+                 f"elastic.maxRestarts bounds them per pod)")
+
+
 def refusal_event(before: JobStatus, status: JobStatus) -> Optional[Event]:
     """A Warning FailedCreate with the API server's message, once per distinct message (a pass that is refused
     again the same way adds nothing to `kubectl describe`)."""

@@ -71,6 +71,13 @@ class JobStatus:
     nodes: Optional[str] = setting(None, help="ready/desired workers, for the Nodes column")
     selector: Optional[str] = setting(None, help="label selector of the worker pods (scale subresource)")
     restarts: int = setting(0, minimum=0, help="worker pods replaced after failures; never decreases")
+    in_pod_restarts: int = setting(
+        0, minimum=0, help="worker-group restarts torchrun made inside rank 0's pod (elastic.maxRestarts), from rank 0's "
+        "progress document; never decreases"
+    )
+    last_in_pod_restart: Optional[str] = setting(
+        None, help="why the latest in-pod restart happened, as the failed attempt's trainer named it"
+    )
     reason: Optional[str] = setting(
         None, help="why the latest worker failure happened, as the trainer named it (storage-full, out-of-memory, ...), "
         "FailedCreate when the API server refused a child, or why worker pods wait while they do (Unschedulable, "

@@ -432,6 +432,8 @@ def _summary(plan: LocalPlan, runner: _Runner, status: str, restarts: int, messa
         # Made by this run's trainers (checkpoint.resumeFrom): where the checkpoints that were in the way went.
         set_aside=tuple(str(p) for p in set_aside_folders(plan.checkpoint_dir) if p not in set_aside_before),
         overrides=overrides,
+        in_pod_restarts=(doc.in_pod_restarts or 0) if doc else 0,
+        last_in_pod_restart=(doc.last_in_pod_restart or "") if doc else "",
     )
 
 

@@ -1,4 +1,5 @@
-"""Rank 0's progress document -> `status.progress`, `status.lastCheckpoint` and `status.goodput` (pure).
+"""Rank 0's progress document -> `status.progress`, `status.lastCheckpoint`, `status.goodput` and
+`status.inPodRestarts` (pure).
 
 The operator asks each running elastic job's rank-0 `/progress` endpoint
 once per resync (POLL_SECONDS), as an observation of that resync's
@@ -28,7 +29,8 @@ def reports_progress(backend: str, phase: Optional[str]) -> bool:
 def shown(progress: Progress, now: datetime) -> Progress:
     """The document as status shows it: 4 significant digits, whole seconds, the operator's clock.
 
-    The newest checkpoint goes to `lastCheckpoint`, with its path, and goodput to `goodput`, instead.
+    The newest checkpoint goes to `lastCheckpoint`, with its path, goodput to `goodput` and the in-pod restarts
+    beside `restarts`, instead.
     """
     return replace(
         progress,
@@ -38,6 +40,8 @@ def shown(progress: Progress, now: datetime) -> Progress:
         eta_seconds=None if progress.eta_seconds is None else int(progress.eta_seconds),
         last_checkpoint_step=None,
         goodput=None,
+        in_pod_restarts=None,
+        last_in_pod_restart=None,
         updated_at=format_time(now),
     )
 
@@ -65,13 +69,15 @@ def progress_status(doc: Optional[Mapping[str, Any]], status: JobStatus, *, now:
         out = replace(out, last_checkpoint=LastCheckpoint(step=step, path=checkpoint_path(mount_path, step)))
     if progress.goodput is not None:
         out = replace(out, goodput=shown_goodput(progress.goodput))
+    if (progress.in_pod_restarts or 0) > status.in_pod_restarts:  # never decreases: an older document is no news
+        out = replace(out, in_pod_restarts=progress.in_pod_restarts, last_in_pod_restart=progress.last_in_pod_restart)
     return out if _untimed(out) != _untimed(status) else status
 
 
-def _untimed(status: JobStatus) -> tuple[Optional[Progress], Optional[LastCheckpoint], Optional[Goodput]]:
+def _untimed(status: JobStatus) -> tuple[Any, ...]:
     """What the document says, without when the operator saw it (the time alone is no news)."""
     progress = None if status.progress is None else replace(status.progress, updated_at=None)
-    return progress, status.last_checkpoint, status.goodput
+    return progress, status.last_checkpoint, status.goodput, status.in_pod_restarts
 
 
 def _round(value: Optional[float]) -> Optional[float]:

@@ -33,7 +33,7 @@ from brain_trainer.schema import ConfigError
 from .accounting import still_handled, unhandled
 from .cluster import ClusterClient, Conflict, ObjectRef, Refused
 from .discovery import ServedApis, missing
-from .events import NORMAL, WARNING, Event, compute_events, refusal_event
+from .events import NORMAL, WARNING, Event, compute_events, in_pod_restart_event, refusal_event
 from .failure_policy import WorkerFailure, consequence, explain, first_cause
 from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
 from .logs import job_logger
@@ -325,7 +325,8 @@ def plan(
         the_plan,
         status=status,
         events=(*([unchecked] if unchecked else []), *the_plan.events, *request_events(the_plan.patches, existing),
-                *answered_events(before, status), *stall_events),
+                *answered_events(before, status), *stall_events,
+                *filter(None, [in_pod_restart_event(before, status)])),
     )
 
 

@@ -168,7 +168,8 @@ def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(r
     assert code == 0, out
     assert killed is not None, "the run ended before a worker could be killed"
     fields = summary(out)
-    assert fields["status"] == "Succeeded" and int(fields["restarts"]) >= 1
+    # `restarts:    N`, or `N (M in pod, last: ...)` when torchrun also restarted pod 0's workers in place.
+    assert fields["status"] == "Succeeded" and int(fields["restarts"].split()[0]) >= 1
     # The killed pod's reason: none (an error, counted), or, when its orphaned trainer got torchrun's death
     # signal (SIGTERM) in time to commit a checkpoint, preempted (not counted).
     assert re.search(r"^braintrain: local-minimal-worker-1: (error: exit code -9, no reason from the trainer; restarted, "

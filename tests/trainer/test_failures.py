@@ -38,7 +38,7 @@ from brain_trainer import contract
 from brain_trainer.checkpoint import CheckpointManager, TrainState, store
 from brain_trainer.config import CheckpointConfig
 from brain_trainer.data.errors import DataError
-from brain_trainer.resilience.failures import Fatal, classify
+from brain_trainer.resilience.failures import UNNAMED_FAILURE, Fatal, begin_attempt, classify
 from brain_trainer.schema import ConfigError, FieldError
 
 HERE = Path(__file__).parent
@@ -236,6 +236,17 @@ def test_data_error(tmp_path):
     proc, message = launch(tmp_path, [sys.executable, "-m", "brain_trainer", "--config", str(config)])
     assert proc.returncode == contract.EXIT_CODES["data-error"] and "Traceback" not in proc.stderr
     assert assert_told(message, "data-error", "DataError").startswith("data.path: no files match ")
+
+
+def test_a_restarted_attempt_takes_the_reason_the_failed_one_left_in_the_pod(tmp_path, monkeypatch):
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv(contract.TERMINATION_LOG_ENV, str(log))
+    monkeypatch.setenv(contract.RESTART_COUNT_ENV, "1")
+    log.write_text(contract.termination_message("error", "RuntimeError: boom"))
+    assert begin_attempt() == "error: RuntimeError: boom" and log.read_text() == ""
+    assert begin_attempt() == UNNAMED_FAILURE  # torchrun counted a failure that was killed before it could say why
+    monkeypatch.setenv(contract.RESTART_COUNT_ENV, "0")  # a pod's first attempt, or a restart no failure counted
+    assert begin_attempt() is None
 
 
 def test_a_reason_that_fails_the_job_stops_torchrun_restarting_the_pod(tmp_path):

@@ -65,3 +65,33 @@ def test_the_ledger_file_carries_the_run_from_one_trainer_to_the_next(tmp_path):
     # Ranks other than 0 keep theirs in memory only.
     GoodputLog(None, "uid-1", started=1.0).save()
     assert [p.name for p in tmp_path.iterdir()] == [LEDGER_FILE]
+
+
+def test_in_pod_restarts_are_torchruns_restarts_since_the_previous_start_with_the_latest_reason():
+    # The first trainer of pod 0's torchrun; that torchrun restarts its workers once, then twice more before rank 0
+    # writes again (the attempt between died before its ledger).
+    first = Ledger.begin(None, "uid-1", now=1000.0, agent="pod-0:1", agent_restarts=0)
+    assert (first.restarts, first.in_pod_restarts, first.last_in_pod_restart) == (0, 0, "")
+    once = Ledger.begin(first.add(INITIALIZATION, 5.0, now=1005.0), "uid-1", now=1010.0, agent="pod-0:1",
+                        agent_restarts=1, restarted_after="error: RuntimeError: boom")
+    assert (once.restarts, once.in_pod_restarts, once.last_in_pod_restart) == (1, 1, "error: RuntimeError: boom")
+    assert once.seconds[WAITING] == 5.0  # what the failed attempt lost after its last entry, and the restart
+    thrice = Ledger.begin(once, "uid-1", now=1020.0, agent="pod-0:1", agent_restarts=3,
+                          restarted_after="out-of-memory: MemoryError")
+    # The attempt that left no entry is a restart too: torchrun counted it.
+    assert (thrice.restarts, thrice.in_pod_restarts, thrice.last_in_pod_restart) == (3, 3, "out-of-memory: MemoryError")
+    # The same torchrun restarting for a peer pod's failure (a membership change: its count stays): in-pod too.
+    peer = Ledger.begin(thrice, "uid-1", now=1025.0, agent="pod-0:1", agent_restarts=3,
+                        restarted_after="preempted: SIGTERM: step 4 committed")
+    assert (peer.restarts, peer.in_pod_restarts, peer.last_in_pod_restart) == (4, 4, "preempted: SIGTERM: step 4 committed")
+    # A replaced pod's new torchrun: a restart, not an in-pod one.
+    replaced = Ledger.begin(peer, "uid-1", now=1030.0, agent="pod-0:7", agent_restarts=0)
+    assert (replaced.restarts, replaced.in_pod_restarts, replaced.last_in_pod_restart) == (5, 4, peer.last_in_pod_restart)
+    # Without a ledger on disk (no checkpoint folder) torchrun's count is all there is, and it is a restart too.
+    alone = Ledger.begin(None, "uid-1", now=1.0, agent="pod-0:1", agent_restarts=2, restarted_after="error: x")
+    assert (alone.restarts, alone.in_pod_restarts) == (2, 2)
+    # A ledger an older trainer wrote (no in-pod fields) continues with none counted.
+    old = {key: value for key, value in once.to_dict().items()
+           if key not in ("in_pod_restarts", "last_in_pod_restart", "agent", "agent_restarts")}
+    assert Ledger.from_dict(old) == Ledger(**{**old, "seconds": once.seconds})
+    assert Ledger.from_dict(once.to_dict()) == once

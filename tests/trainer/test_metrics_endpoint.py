@@ -65,6 +65,20 @@ def test_goodput_is_a_ratio_and_counters_of_the_jobs_seconds_by_kind():
         server.close()
 
 
+def test_in_pod_restarts_are_a_counter_that_starts_at_the_runs_total():
+    server = MetricsServer(0, host="127.0.0.1")
+    try:
+        server.publish(Progress(step=5, restarts=2, in_pod_restarts=2, last_in_pod_restart="error: RuntimeError: boom"))
+        server.publish(Progress(step=6, restarts=3, in_pod_restarts=3))
+        server.publish(Progress(step=7, restarts=3, in_pod_restarts=3))
+        lines = fetch(server.port, "/metrics").decode().splitlines()
+        assert "brain_trainer_in_pod_restarts_total 3.0" in lines and "brain_trainer_restarts 3.0" in lines
+        assert not any(line.startswith("brain_trainer_in_pod_restarts ") for line in lines)  # no gauge beside it
+        assert json.loads(fetch(server.port, "/progress"))["in_pod_restarts"] == 3
+    finally:
+        server.close()
+
+
 def test_serves_every_ranks_memory_after_init():
     server = MetricsServer(0, host="127.0.0.1")
     try:

@@ -27,7 +27,7 @@ from typing import NoReturn, Optional, Sequence
 
 from .config import load_config
 from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_FLAG, TRAINER_MODULE
-from .resilience.failures import clear_termination, report
+from .resilience.failures import begin_attempt, report
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -40,15 +40,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.time()  # before torch is imported: the goodput ledger counts that as initialisation
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout)
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        # Before any rank of this pod can fail: every rank joins the process group first.
-        clear_termination()
+    # Before any rank of this pod can fail (every rank joins the process group first); rank 0 is a local rank 0.
+    restarted_after = begin_attempt() if os.environ.get("LOCAL_RANK", "0") == "0" else None
     try:
         cfg = load_config(args.config)
         from .loop.train import train  # imports torch: only once the config is known to be good
 
         # The request file is another key of trainer.yaml's ConfigMap: it lies beside it.
-        train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE), started=started)
+        train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE), started=started,
+              restarted_after=restarted_after)
     except KeyboardInterrupt:
         raise  # Ctrl-C is the user's
     except SystemExit as exc:  # Preempted, its checkpoint committed and its message written: leave with its code

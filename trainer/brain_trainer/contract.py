@@ -228,6 +228,12 @@ class Progress:
     restarts: Optional[int] = setting(
         None, minimum=0, help="Worker-group restarts of the run, each once: a failure on any node, a pod replaced"
     )
+    in_pod_restarts: Optional[int] = setting(
+        None, minimum=0, help="Of those, the ones torchrun made inside rank 0's pod (elastic.maxRestarts)"
+    )
+    last_in_pod_restart: Optional[str] = setting(
+        None, help="Why the latest of them happened: the failed attempt's reason and line"
+    )
     updated_at: Optional[str] = setting(None, help="When it was written (RFC 3339, UTC)")
 
     def to_json(self) -> str:

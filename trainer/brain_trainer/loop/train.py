@@ -82,6 +82,7 @@ class Run:
     held_out: Optional[Dataset]  # the validation split (data.source tokens), else None
     checkpoint_request: Optional[Path]  # contract.CHECKPOINT_REQUEST_FILE
     started: float  # time.time() when this trainer process began (the goodput ledger's initialisation)
+    restarted_after: Optional[str] = None  # why torchrun restarted the workers in this pod (failures.begin_attempt)
 
 
 @dataclass
@@ -180,14 +181,17 @@ def peak_memory_bytes(device: torch.device) -> int:
     return peak_host_bytes()
 
 
-def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None, started: Optional[float] = None) -> TrainResult:
+def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None, started: Optional[float] = None,
+          restarted_after: Optional[str] = None) -> TrainResult:
     """Train as configured; returns on every rank once the last step is saved.
 
     DistributedLauncher exports the torch variables for whichever launcher
     started this process, then runs the loop here. A new content of the
     `checkpoint_request` file asks for a checkpoint at the next vote
     (contract.CHECKPOINT_REQUEST_FILE). `started` (time.time()) is when this
-    trainer process began, for the goodput ledger; default: now.
+    trainer process began, for the goodput ledger; default: now. `restarted_after`:
+    why torchrun restarted the workers in this pod (`reason: line`), None on a
+    pod's first attempt; the ledger counts it as an in-pod restart.
     """
     started = time.time() if started is None else started
     cfg = cfg.resolved()
@@ -196,7 +200,8 @@ def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None, star
     held_out = None
     if cfg.data.source == "tokens":
         cfg, held_out = token_source(cfg, dataset)
-    run = Run(config=cfg, dataset=dataset, held_out=held_out, checkpoint_request=checkpoint_request, started=started)
+    run = Run(config=cfg, dataset=dataset, held_out=held_out, checkpoint_request=checkpoint_request, started=started,
+              restarted_after=restarted_after)
     return DistributedLauncher(cfg.distributed).launch(_launched, run)
 
 
@@ -212,7 +217,7 @@ def _launched(run: Run) -> TrainResult:
         # From here on a rank that hangs (on a peer, a collective, storage) ends itself (watchdog.py).
         watchdog = Watchdog(cfg.watchdog)
         cleanup.callback(watchdog.close)
-        reporter = Reporter(cfg, rank, run.started)
+        reporter = Reporter(cfg, rank, run.started, restarted_after=run.restarted_after)
         cleanup.callback(reporter.close)
         try:
             trainer = _build(run, rank, world_size, device, reporter, watchdog, cleanup)

@@ -15,6 +15,12 @@ cluster) in the checkpoint folder, which outlives pods and worker groups:
   start: restarts, rendezvous, rescheduling; where the previous trainer died,
   also the moments it ran after its last entry.
 
+Every trainer start after the first is a restart; those torchrun made inside
+rank 0's pod (elastic.maxRestarts) are also counted as in-pod restarts, with
+the reason of the latest. What one cost is in the parts above: waiting (the
+failed attempt's end to the next start), initialization, and the steps
+recomputed since the last commit.
+
 Each part is measured by its own clock; wall time is the span from the first
 trainer's start to the last entry, so the parts adding up to it is a check.
 """
@@ -40,13 +46,37 @@ class Ledger:
     high_water: int = 0  # the furthest step any trainer of the run completed
     restarts: int = 0  # trainers of the run after the first: worker-group restarts caused on any node, pod replacements
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
+    in_pod_restarts: int = 0  # of the restarts, those torchrun made inside rank 0's pod (elastic.maxRestarts)
+    last_in_pod_restart: str = ""  # why the latest of them happened: `reason: line`
+    agent: str = ""  # rank 0's torchrun agent at the latest start (host:pid) ...
+    agent_restarts: int = 0  # ... and its count of restarts then (TORCHELASTIC_RESTART_COUNT)
 
     @classmethod
-    def begin(cls, previous: Optional["Ledger"], run_id: str, now: float) -> "Ledger":
-        """This trainer's ledger: the run's, one restart more, with the gap since its last entry as waiting; or a new one."""
+    def begin(cls, previous: Optional["Ledger"], run_id: str, now: float, *, agent: str = "", agent_restarts: int = 0,
+              restarted_after: Optional[str] = None) -> "Ledger":
+        """This trainer's ledger: the run's, one restart more, with the gap since its last entry as waiting; or a new one.
+
+        `agent` and `agent_restarts` say which torchrun started this trainer and how often it had restarted its
+        workers after a failure (TORCHELASTIC_RESTART_COUNT), the latest because of `restarted_after`. A start by
+        the agent of the previous one is an in-pod restart, also when torchrun restarted for a peer pod's failure
+        without counting it; a new agent (a replaced pod) brings the restarts it made before this start.
+        """
         if previous is None or previous.run_id != run_id:
-            return cls(run_id=run_id, started_at=now, updated_at=now)
-        return replace(previous.add(WAITING, max(0.0, now - previous.updated_at), now), restarts=previous.restarts + 1)
+            base = cls(run_id=run_id, started_at=now, updated_at=now)
+            in_pod = agent_restarts
+        else:
+            base = replace(previous.add(WAITING, max(0.0, now - previous.updated_at), now), restarts=previous.restarts + 1)
+            in_pod = max(1, agent_restarts - previous.agent_restarts) if previous.agent == agent else agent_restarts
+        return replace(
+            base,
+            # Attempts that died before their first entry (or without a ledger on disk) are restarts too: torchrun
+            # counted them.
+            restarts=max(base.restarts, base.in_pod_restarts + in_pod),
+            in_pod_restarts=base.in_pod_restarts + in_pod,
+            last_in_pod_restart=(restarted_after or "") if in_pod else base.last_in_pod_restart,
+            agent=agent,
+            agent_restarts=agent_restarts,
+        )
 
     def add(self, kind: str, seconds: float, now: float) -> "Ledger":
         return replace(self, seconds={**self.seconds, kind: self.seconds[kind] + seconds}, updated_at=now)
@@ -75,7 +105,11 @@ class Ledger:
             seconds = {kind: float(doc["seconds"][kind]) for kind in KINDS}
             return cls(run_id=str(doc["run_id"]), started_at=float(doc["started_at"]),
                        updated_at=float(doc["updated_at"]), high_water=int(doc["high_water"]),
-                       restarts=int(doc["restarts"]), seconds=seconds)
+                       restarts=int(doc["restarts"]), seconds=seconds,
+                       # Absent from a ledger an older trainer wrote: the run continues with none counted.
+                       in_pod_restarts=int(doc.get("in_pod_restarts", 0)),
+                       last_in_pod_restart=str(doc.get("last_in_pod_restart", "")),
+                       agent=str(doc.get("agent", "")), agent_restarts=int(doc.get("agent_restarts", 0)))
         except (TypeError, KeyError, ValueError):
             return None
 

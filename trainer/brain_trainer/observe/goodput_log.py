@@ -28,9 +28,12 @@ WRITE_SECONDS = 0.5
 class GoodputLog:
     """The run's ledger, continued from `folder` (None: kept in memory only, as on ranks other than 0)."""
 
-    def __init__(self, folder: Optional[Path], run_id: str, started: float):
+    def __init__(self, folder: Optional[Path], run_id: str, started: float, *, agent: str = "", agent_restarts: int = 0,
+                 restarted_after: Optional[str] = None):
+        """`agent`, `agent_restarts`, `restarted_after`: the torchrun agent that started this trainer (Ledger.begin)."""
         self.path = folder / LEDGER_FILE if folder is not None else None
-        self.ledger = Ledger.begin(self._read(), run_id, started)
+        self.ledger = Ledger.begin(self._read(), run_id, started, agent=agent, agent_restarts=agent_restarts,
+                                   restarted_after=restarted_after)
         self._written: Optional[float] = None  # time.monotonic() of the latest write
         self._warned = False
 

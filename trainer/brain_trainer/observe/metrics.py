@@ -24,12 +24,15 @@ log = logging.getLogger(__name__)
 
 METRIC_PREFIX = "brain_trainer_"
 _NUMBERS = (int, float, Optional[int], Optional[float])
-# Each numeric field of the progress document is a gauge of the same name, with the field's help.
+# Fields of the progress document that only grow over the run: counters (`<name>_total`) rather than gauges.
+_COUNTED = ("in_pod_restarts",)
+# Each other numeric field of the progress document is a gauge of the same name, with the field's help.
 _FROM_PROGRESS = {
     f.name: (METRIC_PREFIX + f.name, f.metadata["help"])
     for f in dataclasses.fields(Progress)
-    if typing.get_type_hints(Progress)[f.name] in _NUMBERS
+    if typing.get_type_hints(Progress)[f.name] in _NUMBERS and f.name not in _COUNTED
 }
+_HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(Progress)}
 # keyword of publish() -> (gauge name, help)
 _EXTRAS = {
     "learning_rate": ("brain_trainer_learning_rate", "Current learning rate"),
@@ -64,6 +67,8 @@ class MetricsServer:
                                         "The job's wall time by kind: productive, recomputed, checkpoint, initialization, "
                                         "evaluation, waiting", ["kind"], registry=self.registry)
         self._goodput_counted: dict[str, float] = {}
+        self._counters = {key: Counter(METRIC_PREFIX + key, _HELP[key], registry=self.registry) for key in _COUNTED}
+        self._counted: dict[str, float] = {}
         self._info = Info(METRIC_PREFIX.rstrip("_"), "The trainer's version and the run's model, strategy and world size",
                           registry=self.registry)
         self._init_gauges = {
@@ -104,6 +109,11 @@ class MetricsServer:
                 if key not in self._gauges:
                     self._gauges[key] = Gauge(*_EXTRAS[key], registry=self.registry)
                 self._gauges[key].set(value)
+            for key, counter in self._counters.items():
+                total = getattr(progress, key)
+                if total is not None:  # the run's total (the ledger's): the counter starts at it and follows it
+                    counter.inc(max(0, total - self._counted.get(key, 0)))
+                    self._counted[key] = max(total, self._counted.get(key, 0))
             if progress.goodput is not None:
                 self._count_goodput(progress.goodput)
             for seconds in step_times:

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..config import TrainerConfig
-from ..contract import PROGRESS_FILE_ENV, RUN_ID_ENV, Progress, eta_seconds, format_time
+from ..contract import PROGRESS_FILE_ENV, RUN_ID_ENV, Progress, eta_seconds, format_time, restart_count
 from .flops import mfu
-from .goodput import CHECKPOINT, EVALUATION, INITIALIZATION
+from .goodput import CHECKPOINT, EVALUATION, INITIALIZATION, Ledger
 from .goodput_log import GoodputLog
 from .metrics import start_metrics_server
 from .progress import write_progress
@@ -53,7 +54,7 @@ class Books:
 class Reporter:
     """Created once per rank before anything can fail; `close` in any case."""
 
-    def __init__(self, cfg: TrainerConfig, rank: int, started: float):
+    def __init__(self, cfg: TrainerConfig, rank: int, started: float, restarted_after: Optional[str] = None):
         self.active = rank == 0
         self.training = cfg.training
         self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
@@ -65,8 +66,14 @@ class Reporter:
         # The run's ledger lives beside the checkpoints, which outlive this trainer; written at once, so this start
         # counts as a restart of the run even if it dies before its first step.
         folder = Path(cfg.checkpoint.dir) if self.active and cfg.checkpoint.enabled else None
-        self.goodput = GoodputLog(folder, os.environ.get(RUN_ID_ENV, ""), started)
+        # torchrun restarts its workers in place: which torchrun, and its restart count, tell the in-pod restarts.
+        self.goodput = GoodputLog(folder, os.environ.get(RUN_ID_ENV, ""), started,
+                                  agent=torchrun_agent() if self.active else "", agent_restarts=restart_count(),
+                                  restarted_after=restarted_after)
         self.goodput.save()
+        if self.active and restarted_after is not None:
+            log.warning("torchrun restarted the workers in this pod (%d in-pod restart(s) of the run) after %s",
+                        self.goodput.ledger.in_pod_restarts, restarted_after)
         self._started = started
         self.books = Books()
         self._tokens_per_step = 0
@@ -143,7 +150,7 @@ class Reporter:
             Progress(step=step, total_steps=self.training.steps, loss=loss, tokens_per_second=tokens_per_second,
                      eta_seconds=eta_seconds(step, self.training.steps, step_time),
                      last_checkpoint_step=last_checkpoint_step, eval_loss=self.eval_loss, **_answered(answered),
-                     goodput=goodput, restarts=self.goodput.ledger.restarts,
+                     goodput=goodput, **_restarts(self.goodput.ledger),
                      checkpoint_interval_steps=checkpoint_interval, updated_at=format_time()),
             step_times=step_times, tokens=self._tokens_per_step * steps, learning_rate=lr,
             peak_memory_bytes=peak_memory, grad_norm=grad_norm, mfu=used,
@@ -193,3 +200,21 @@ class Reporter:
 def _answered(answered: Answered) -> dict[str, Any]:
     """The progress fields of the newest checkpoint request answered."""
     return {} if answered is None else {"checkpoint_request": answered[0], "checkpoint_request_step": answered[1]}
+
+
+def _restarts(ledger: Ledger) -> dict[str, Any]:
+    """The progress fields of the run's restarts, from the ledger (the in-pod ones with the latest reason)."""
+    return {"restarts": ledger.restarts, "in_pod_restarts": ledger.in_pod_restarts,
+            "last_in_pod_restart": ledger.last_in_pod_restart or None}
+
+
+def torchrun_agent() -> str:
+    """Which torchrun agent started this process: host, pid and, where /proc tells them, the boot and the agent's
+    start time (a replaced pod's torchrun has the pod's name for host and often the same pid: 1)."""
+    ppid = os.getppid()
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        started = Path(f"/proc/{ppid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22, starttime
+    except (OSError, IndexError):
+        boot = started = ""
+    return f"{socket.gethostname()}:{ppid}:{boot}:{started}"

@@ -6,7 +6,9 @@ traceback once (on the rank that failed; a rank a peer's failure took down
 logs one line), writes `brain.ai/<reason>: <line>` to the termination log,
 stops its torchrun agent when the reason fails the job anyway (FAIL_FAST_ENV:
 a restart inside the pod would fail the same way) and returns the reason's
-exit code. Torch-free: torch's exception types are
+exit code. `begin_attempt` empties the termination log when a pod's workers
+start, and returns the reason the attempt before left there (why torchrun
+restarted them in place: an in-pod restart). Torch-free: torch's exception types are
 looked up only when torch is loaded (an error before that cannot be one).
 """
 
@@ -31,7 +33,9 @@ from ..contract import (
     STORAGE_FULL,
     TERMINATION_LOG,
     TERMINATION_LOG_ENV,
+    TERMINATION_MESSAGE_MAX,
     parse_termination,
+    restart_count,
     termination_message,
 )
 from ..schema import ConfigError
@@ -44,6 +48,11 @@ STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 # (torch raises plain RuntimeErrors for some of them).
 _COLLECTIVE_TEXTS = ("connection closed by peer", "connection reset by peer", "timed out", "timeout",
                      "broken pipe", "socket closed")
+
+
+# An in-pod restart after an attempt that wrote no termination message: killed (SIGKILL, the kernel's OOM killer)
+# or crashed in native code.
+UNNAMED_FAILURE = "unknown: the failed attempt named no reason (killed, or crashed in native code)"
 
 
 class Fatal(Exception):
@@ -119,7 +128,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
 def write_termination(reason: str, line: str) -> None:
     """Write the termination message Kubernetes (or the local runner) reads.
 
-    Ranks of one pod share the file, emptied at each start (clear_termination):
+    Ranks of one pod share the file, emptied at each start (begin_attempt):
     a rank that something else took down (a SECONDARY reason: a peer's failure,
     the SIGTERM that followed it) does not overwrite the reason another rank wrote.
     """
@@ -138,12 +147,27 @@ def write_termination(reason: str, line: str) -> None:
         pass  # not in a container, or not writable: the exit code and the log still say it
 
 
-def clear_termination() -> None:
-    """Forget the reason of an earlier attempt in this pod (torchrun restarts its workers in place)."""
+def begin_attempt() -> Optional[str]:
+    """Forget the reason of an earlier attempt in this pod (torchrun restarts its workers in place); call once per
+    pod (local rank 0), before any rank can fail.
+
+    Returns why torchrun restarted the workers (`reason: line`, as the attempt before wrote it; UNNAMED_FAILURE
+    when torchrun counted a failure that wrote nothing), or None when nothing says: the termination log is the one
+    record that outlives the workers inside the pod. (A restart for a peer pod's failure leaves the echo this pod
+    saw, `preempted` or `collective-timeout`, and no count.) Whether this start is an in-pod restart at all is
+    the goodput ledger's to judge.
+    """
+    path = os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG)
+    said = None
     try:
-        os.truncate(os.environ.get(TERMINATION_LOG_ENV, TERMINATION_LOG), 0)
+        with open(path, errors="replace") as f:
+            said = parse_termination(f.read(TERMINATION_MESSAGE_MAX))
+        os.truncate(path, 0)
     except OSError:
         pass
+    if said is not None:
+        return f"{said[0]}: {said[1]}"
+    return UNNAMED_FAILURE if restart_count() > 0 else None
 
 
 def report(exc: BaseException, rank: Optional[str] = None) -> int:
