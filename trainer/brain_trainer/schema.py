@@ -269,9 +269,11 @@ def _build(cls: type, data: Mapping, path: str, camel_case: bool, errors: list[F
     fields = _fields(cls, camel_case)
     prefix = f"{path}." if path else ""
     known = _keys(cls, camel_case)
+    elsewhere = getattr(cls, "ELSEWHERE", {})  # {key: the field it belongs in}: a key users put in the wrong place
     for key in data:
         if key not in known:
-            errors.append(FieldError(f"{prefix}{key}", f"unknown field (known fields: {', '.join(known)})"))
+            hint = f"; did you mean {elsewhere[key]}?" if key in elsewhere else ""
+            errors.append(FieldError(f"{prefix}{key}", f"unknown field{hint} (known fields: {', '.join(known)})"))
     kwargs = {}
     n_before = len(errors)
     for key, f, tp in fields:
@@ -314,9 +316,11 @@ def _field_key(cls: type, dotted: str, camel_case: bool) -> str:
 def from_dict(cls: type, data: Any, *, path: str = "", camel_case: bool = False) -> Any:
     """Build `cls` from a mapping, or raise ConfigError listing every bad field.
 
-    Unknown keys are errors (in the manifest view, derived fields too). A
-    dataclass may define `check(self, name)` yielding `(dotted_field, message)`
-    pairs for rules across fields; see the module docstring.
+    Unknown keys are errors (in the manifest view, derived fields too); a
+    dataclass's `ELSEWHERE` class attribute ({key: the field it belongs in})
+    turns one into "did you mean". A dataclass may define `check(self, name)`
+    yielding `(dotted_field, message)` pairs for rules across fields; see the
+    module docstring.
     """
     errors: list[FieldError] = []
     if data is None:
