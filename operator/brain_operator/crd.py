@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from brain_trainer.config import kubeyaml
-from brain_trainer.schema import in_view, key_for, openapi_schema
+from brain_trainer.schema import in_view, is_bool_or_string, key_for, openapi_schema
 
 from .job_status import JobStatus
 from .render.workers import CONFIG_DIR, CONFIG_PATH, RDZV_PORT
@@ -154,6 +154,8 @@ def _type_name(tp: Any) -> str:
         return "map" if tp_args[1] is Any else f"map of {_type_name(tp_args[1])}"
     if tp_args and set(tp_args) == {int, str}:
         return "int or string"
+    if tp_args and set(tp_args) == {bool, str}:
+        return "boolean or string"
     if tp_args and len(tp_args) == 1:
         return _type_name(tp_args[0])
     if dataclasses.is_dataclass(tp):
@@ -180,11 +182,12 @@ def _default_text(f: dataclasses.Field) -> str:
     return "" if value is None or value in ([], {}) else f"`{_yaml_text(value)}`"
 
 
-def _constraints(f: dataclasses.Field) -> str:
+def _constraints(f: dataclasses.Field, tp: Any) -> str:
     m = f.metadata
     parts = []
     if m.get("choices"):
-        parts.append(" \\| ".join(f"`{c}`" for c in m["choices"]))
+        words = (True, False, *m["choices"]) if is_bool_or_string(tp) else m["choices"]
+        parts.append(" \\| ".join(f"`{_yaml_text(c)}`" for c in words))
     if m.get("minimum") is not None:
         parts.append(f"{'>' if m.get('exclusive_minimum') else '>='} {m['minimum']}")
     if m.get("maximum") is not None:
@@ -208,7 +211,7 @@ def _rows(cls: type, prefix: str) -> list[str]:
             or ((inner.__doc__ or "").strip().splitlines()[0] if inner else "")
         )
         type_text = corev1.CORE_FIELDS[key_for(f, True)] if core else _type_name(tp)
-        cells = [f"`{path}`", type_text, _default_text(f), _constraints(f), " ".join(help_text.split()).replace("|", "\\|")]
+        cells = [f"`{path}`", type_text, _default_text(f), _constraints(f, tp), " ".join(help_text.split()).replace("|", "\\|")]
         rows.append("| " + " | ".join(cells) + " |")
         if inner is not None:
             rows.extend(_rows(inner, f"{path}."))

@@ -263,7 +263,7 @@ def test_each_immutable_field_is_refused_by_its_own_rule_naming_it(keys, value):
 
 def test_propagated_fields_and_written_out_defaults_pass_every_rule():
     assert propagated_fields() == [
-        "spec.nodes", "spec.runPolicy", "spec.training.steps", "spec.training.logInterval",
+        "spec.nodes", "spec.runPolicy", "spec.training.steps", "spec.training.logInterval", "spec.training.compile",
         "spec.checkpoint.intervalSteps", "spec.checkpoint.keepLast",
     ]
     old = {"image": "i", "nodes": 2, "training": {"steps": 100, "microBatchSize": 4}, "checkpoint": {"claimName": "c"}}

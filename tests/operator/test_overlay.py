@@ -218,6 +218,27 @@ def test_both_priority_classes_are_refused():
         parse_job(manifest(scheduling={"priorityClassName": "high"}))
 
 
+SCHEDULING = {"nodeSelector": {"pool": "a100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
+              "affinity": {"nodeAffinity": {}}, "schedulerName": "volcano"}
+
+
+@pytest.mark.parametrize("key", sorted(SCHEDULING))
+def test_a_scheduling_field_in_the_overlay_points_to_spec_scheduling_where_it_works(key):
+    with pytest.raises(ConfigError) as err:
+        parse_job(manifest({"spec": {key: SCHEDULING[key]}}))
+    (line,) = map(str, err.value.errors)
+    assert line.startswith(f"spec.podTemplate.spec.{key}: unknown field; did you mean spec.scheduling.{key}? (known fields: ")
+    moved = parse_job(manifest({}, scheduling={key: SCHEDULING[key]}))
+    templates = list(pod_templates(render(moved)))
+    assert templates and all(spec[key] == SCHEDULING[key] for _, spec, _ in templates), "there it reaches every pod"
+
+
+def test_an_unknown_overlay_field_without_a_home_elsewhere_gets_no_hint():
+    with pytest.raises(ConfigError) as err:
+        parse_job(manifest({"spec": {"hostNetwrok": True}}))
+    assert "did you mean" not in str(err.value)
+
+
 BAD_INPUT = {
     "reserved": (_trainer(env=[{"name": "NCCL_DEBUG", "value": "INFO"}]), "spec.podTemplate.spec.containers[0].env[0].name"),
     "volume clash": ({"spec": {"volumes": [{"name": "checkpoints", "emptyDir": {}}]}}, "spec.podTemplate.spec.volumes[0].name"),

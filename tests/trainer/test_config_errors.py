@@ -11,7 +11,7 @@ CASES = [
     # (yaml, the field each error line must name, words the message must contain)
     ("training: {steps: ten}", ["training.steps"], "must be an integer, got 'ten'"),
     ("training: {learning_rate: fast}", ["training.learning_rate"], "must be a number"),
-    ("training: {compile: maybe}", ["training.compile"], "must be a boolean"),
+    ("training: {compile: maybe}", ["training.compile"], "must be true, false or auto; got 'maybe'"),
     ("distributed: {fsdp_sharding: fullshard}", ["distributed.fsdp_sharding"], "must be one of full_shard"),
     ("distributed: {strategy: zero3}", ["distributed.strategy"], "got 'zero3'"),
     ("distributed: {mixed_precision_policy: fp8}", ["distributed.mixed_precision_policy"], "must be one of fp32, bf16, fp16"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 
 import pytest
@@ -16,7 +17,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from brain_trainer.config import ModelConfig, TrainerConfig
 from brain_trainer.config.presets import param_count
 from brain_trainer.loop.train import build_and_wrap
-from brain_trainer.model.brain_ai import INIT_STD
+from brain_trainer.loop.train import train
+from brain_trainer.model.brain_ai import INIT_STD, residual_out_std
 from brain_trainer.model.materialize import Initializer, build, is_meta
 from brain_trainer.observe.memory_report import measure
 from brain_trainer.schema import ConfigError
@@ -111,3 +113,44 @@ def test_an_initialisation_that_leaves_a_tensor_unset_is_refused():
     model = build(ModelConfig(entrypoint="user_models:forgets_a_buffer"), SEED)
     with pytest.raises(ConfigError, match=r"model: 1.freq is not set by the model's initialisation"):
         Initializer(SEED)(model, torch.device("cpu"))
+
+
+BLOCKS = ModelConfig(entrypoint="user_models:brainai_blocks")
+
+
+def materialised(seed: int) -> torch.nn.Module:
+    model = build(BLOCKS, seed)
+    assert is_meta(model), "built on the meta device, not whole on every rank"
+    Initializer(seed)(model, torch.device("cpu"))
+    return model
+
+
+def test_an_entrypoint_made_of_brainai_blocks_builds_on_meta_and_initialises_as_brainai_does():
+    model = materialised(SEED)
+    encoders, spiking, transformer, heads = model
+    assert all(torch.isfinite(t).all() for t in model.state_dict().values())
+    # The blocks' own initialisation, not torch's defaults (kaiming: std ~0.1 for these Linear layers).
+    for block in spiking.blocks:
+        assert (block.threshold == 1.0).all() and (block.leak_logit == 2.0).all()
+    out_std = INIT_STD / math.sqrt(2 * (2 + 2))  # into the stream: two spiking blocks, attention and MLP
+    assert residual_out_std(model) == out_std
+    assert transformer.attn_out.weight.std().item() == pytest.approx(out_std, rel=0.1)
+    assert heads.lm_head.weight.std().item() == pytest.approx(INIT_STD, rel=0.1)
+    assert encoders.embed.weight.std().item() == pytest.approx(1.0, rel=0.1) and not encoders.conv.bias.any()
+    # Seeded: the same seed gives the same weights, another seed others.
+    again, other = materialised(SEED).state_dict(), materialised(SEED + 1).state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, again[name]), name
+    assert not torch.equal(heads.lm_head.weight, other["3.lm_head.weight"])
+
+
+def test_an_entrypoint_made_of_brainai_blocks_trains(tmp_path):
+    cfg = TrainerConfig.from_dict({
+        "model": {"entrypoint": BLOCKS.entrypoint},
+        "training": {"steps": 2, "micro_batch_size": 2, "seq_len": 16, "warmup_steps": 0, "log_interval": 1},
+        "distributed": {"strategy": "single"},
+        "data": {"source": "synthetic", "num_samples": 64},
+        "checkpoint": {"dir": str(tmp_path), "interval_steps": 0},
+        "metrics": {"port": 0},
+    })
+    assert train(cfg).step == 2

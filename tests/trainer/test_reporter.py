@@ -49,12 +49,13 @@ def config(tmp_path) -> TrainerConfig:
     })
 
 
-def run(reporter: Reporter, clock: Clock):
+def run(reporter: Reporter, clock: Clock, compiling: bool = False):
     """STEPS steps of STEP_S each from step 0; step 2 includes a save the loop waited SAVE_S for; an evaluation of
     EVAL_S after the last step; then the final save."""
     clock.now += SETUP_S
     reporter.started(0, tokens_per_step=TOKENS_PER_STEP, flops_per_token=6e3, peak_flops=None, world_size=2,
-                     info={"version": "test", "preset": "minimal", "strategy": "ddp", "world_size": "2"})
+                     info={"version": "test", "preset": "minimal", "strategy": "ddp", "world_size": "2"},
+                     compiling=compiling)
     waited = 0.0
     for step in range(1, STEPS + 1):
         clock.now += STEP_S
@@ -102,3 +103,14 @@ def test_rank_0_publishes_progress_and_keeps_the_ledger(tmp_path, clock, monkeyp
     assert seconds[CHECKPOINT] == SAVE_S + FINAL_SAVE_S
     assert seconds[EVALUATION] == EVAL_S
     assert final.goodput.productive_seconds == seconds[PRODUCTIVE]
+
+
+def test_with_compiled_blocks_the_first_step_is_initialization_and_still_counts_as_reached(tmp_path, clock):
+    # torch.compile compiles each block at its first call: the first step's time is mostly compiling.
+    reporter = Reporter(config(tmp_path), rank=0, started=clock.now)
+    run(reporter, clock, compiling=True)
+    reporter.close()
+    ledger = json.loads((tmp_path / "ckpt" / LEDGER_FILE).read_text())
+    assert ledger["seconds"][INITIALIZATION] == SETUP_S + STEP_S
+    assert ledger["seconds"][PRODUCTIVE] == (STEPS - 1) * STEP_S - SAVE_S  # only the first step moved
+    assert ledger["high_water"] == STEPS, "a restart recomputes from the first step on, compiled or not"

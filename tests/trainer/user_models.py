@@ -3,6 +3,9 @@
 import torch
 from torch import nn
 
+from brain_trainer.config.presets import preset_config
+from brain_trainer.model.brain_ai import BlockStack, Encoders, Heads, SpikingBlock, TransformerBlock
+
 WIDTH = 32
 
 
@@ -43,3 +46,9 @@ class Frequencies(nn.Module):
 
 def forgets_a_buffer() -> nn.Module:
     return nn.Sequential(nn.Embedding(256, WIDTH), Frequencies(), nn.Linear(WIDTH, 256))
+
+
+def brainai_blocks() -> nn.Module:
+    """A smaller BrainAI of its own blocks, assembled by hand (what a user's entrypoint may do with them)."""
+    cfg = preset_config("minimal", d_model=WIDTH, ngram_buckets=512, max_seq_len=64)
+    return nn.Sequential(Encoders(cfg), BlockStack(SpikingBlock, 2, cfg), TransformerBlock(cfg), Heads(cfg))

@@ -52,6 +52,7 @@ __all__ = [
     "in_view",
     "camel",
     "is_int_or_string",
+    "is_bool_or_string",
     "quoted",
 ]
 
@@ -172,9 +173,15 @@ def is_int_or_string(tp: Any) -> bool:
     return typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {int, str}
 
 
+def is_bool_or_string(tp: Any) -> bool:
+    """`bool | str`: a switch with words besides true and false (`training.compile: auto`)."""
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {bool, str}
+
+
 @functools.lru_cache(maxsize=None)
 def _shape(tp: Any) -> tuple[str, Any, bool]:
-    """(kind, inner type, optional) of a field type: dataclass, list, dict, any, int-or-string or scalar."""
+    """(kind, inner type, optional) of a field type: dataclass, list, dict, any, int-or-string, bool-or-string or
+    scalar."""
     tp, optional = _unwrap_optional(tp)
     if dataclasses.is_dataclass(tp):
         return "dataclass", tp, optional
@@ -187,6 +194,8 @@ def _shape(tp: Any) -> tuple[str, Any, bool]:
         return "any", tp, optional
     if is_int_or_string(tp):
         return "int-or-string", tp, optional
+    if is_bool_or_string(tp):
+        return "bool-or-string", tp, optional
     return "scalar", tp, optional
 
 
@@ -226,6 +235,11 @@ def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[Fiel
             return value
         errors.append(FieldError(path, f"must be an integer or a string, got {quoted(value)}"))
         return None
+    if kind == "bool-or-string":
+        if isinstance(value, (bool, str)):
+            return value  # which words a string may be: its choices
+        errors.append(FieldError(path, f"must be a boolean or a string, got {quoted(value)}"))
+        return None
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -244,11 +258,16 @@ def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[Fiel
     return None
 
 
-def _check_constraints(f: dataclasses.Field, value: Any, path: str, errors: list[FieldError]) -> None:
+def _check_constraints(f: dataclasses.Field, tp: Any, value: Any, path: str, errors: list[FieldError]) -> None:
     if value is None:
         return
     m = f.metadata
     choices = m.get("choices")
+    if is_bool_or_string(_unwrap_optional(tp)[0]):  # its choices are its words besides true and false
+        if isinstance(value, str) and value not in choices:
+            quoted_boolean = " (unquoted: a YAML boolean)" if value.lower() in ("true", "false") else ""
+            errors.append(FieldError(path, f"must be true, false or {', '.join(choices)}; got {quoted(value)}{quoted_boolean}"))
+        return
     if choices and value not in choices:
         errors.append(FieldError(path, f"must be one of {', '.join(choices)}; got {quoted(value)}"))
     lo = m.get("minimum")
@@ -269,9 +288,11 @@ def _build(cls: type, data: Mapping, path: str, camel_case: bool, errors: list[F
     fields = _fields(cls, camel_case)
     prefix = f"{path}." if path else ""
     known = _keys(cls, camel_case)
+    elsewhere = getattr(cls, "ELSEWHERE", {})  # {key: the field it belongs in}: a key users put in the wrong place
     for key in data:
         if key not in known:
-            errors.append(FieldError(f"{prefix}{key}", f"unknown field (known fields: {', '.join(known)})"))
+            hint = f"; did you mean {elsewhere[key]}?" if key in elsewhere else ""
+            errors.append(FieldError(f"{prefix}{key}", f"unknown field{hint} (known fields: {', '.join(known)})"))
     kwargs = {}
     n_before = len(errors)
     for key, f, tp in fields:
@@ -281,7 +302,7 @@ def _build(cls: type, data: Mapping, path: str, camel_case: bool, errors: list[F
                 errors.append(FieldError(fpath, "required field is missing"))
             continue
         value = _convert(tp, data[key], fpath, camel_case, errors)
-        _check_constraints(f, value, fpath, errors)
+        _check_constraints(f, tp, value, fpath, errors)
         kwargs[f.name] = value
     if len(errors) > n_before:
         return None
@@ -314,9 +335,11 @@ def _field_key(cls: type, dotted: str, camel_case: bool) -> str:
 def from_dict(cls: type, data: Any, *, path: str = "", camel_case: bool = False) -> Any:
     """Build `cls` from a mapping, or raise ConfigError listing every bad field.
 
-    Unknown keys are errors (in the manifest view, derived fields too). A
-    dataclass may define `check(self, name)` yielding `(dotted_field, message)`
-    pairs for rules across fields; see the module docstring.
+    Unknown keys are errors (in the manifest view, derived fields too); a
+    dataclass's `ELSEWHERE` class attribute ({key: the field it belongs in})
+    turns one into "did you mean". A dataclass may define `check(self, name)`
+    yielding `(dotted_field, message)` pairs for rules across fields; see the
+    module docstring.
     """
     errors: list[FieldError] = []
     if data is None:
@@ -343,7 +366,7 @@ def valid_fields(cls: type, data: Any, *, camel_case: bool = False) -> dict[str,
             continue
         errors: list[FieldError] = []
         value = _convert(tp, data[key], key, camel_case, errors)
-        _check_constraints(f, value, key, errors)
+        _check_constraints(f, tp, value, key, errors)
         if not errors:
             kept[key] = data[key]
     return kept
@@ -386,6 +409,10 @@ def _type_schema(tp: Any, camel_case: bool) -> dict:
         return {"x-kubernetes-preserve-unknown-fields": True}
     if is_int_or_string(tp):
         return {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+    if is_bool_or_string(tp):
+        # A structural schema has no boolean-or-string type, and CEL cannot see a field without one: the API server
+        # takes any value here, and the parser (braintrain validate, the operator) refuses all but the choices.
+        return {"x-kubernetes-preserve-unknown-fields": True}
     return {"type": _OPENAPI_TYPES[tp]}
 
 
@@ -401,7 +428,7 @@ def openapi_schema(cls: type, *, camel_case: bool = True) -> dict:
         schema = dict(m["schema"]) if m.get("schema") else _type_schema(hints[f.name], camel_case)
         if m.get("help"):
             schema = {"description": m["help"], **schema}
-        if m.get("choices"):
+        if m.get("choices") and not is_bool_or_string(_unwrap_optional(hints[f.name])[0]):
             schema["enum"] = list(m["choices"])
         if m.get("minimum") is not None:
             schema["minimum"] = m["minimum"]

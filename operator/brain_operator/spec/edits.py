@@ -29,6 +29,7 @@ PROPAGATED = (
     "run_policy",
     "training.steps",
     "training.log_interval",
+    "training.compile",  # speed, not the run: and CEL cannot see a boolean-or-string field to freeze it
     "checkpoint.interval_steps",
     "checkpoint.keep_last",
 )

@@ -14,7 +14,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, ClassVar, Iterable, Iterator, Mapping, Optional
 
 from brain_trainer.schema import Names, setting
 
@@ -69,6 +69,11 @@ class PodMetadataOverlay:
 @dataclass
 class PodSpecOverlay:
     """Kubernetes PodSpec fields added to every worker pod, merged by name with the operator's."""
+
+    # PodSpec fields the overlay refuses because spec.scheduling carries them (both backends read them there).
+    ELSEWHERE: ClassVar[Mapping[str, str]] = {
+        key: f"spec.scheduling.{key}" for key in ("nodeSelector", "tolerations", "affinity", "schedulerName")
+    }
 
     image_pull_secrets: list[dict[str, Any]] = _core("imagePullSecrets")
     service_account_name: Optional[str] = _core("serviceAccountName")

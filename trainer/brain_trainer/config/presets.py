@@ -49,18 +49,6 @@ class BrainAIConfig:
         width = int(self.ffn_ratio * self.d_model)
         return -(-width // FFN_MULTIPLE) * FFN_MULTIPLE
 
-    @property
-    def residual_blocks(self) -> int:
-        """Blocks that add into the residual stream (attention and MLP count separately)."""
-        return (
-            self.snn_blocks
-            + self.htm_blocks
-            + self.workspace_blocks
-            + 2 * self.reasoning_blocks
-            + self.decision_blocks
-            + 1  # meta
-        )
-
 
 MODEL_PRESETS: dict[str, BrainAIConfig] = {
     "minimal": BrainAIConfig(),

@@ -81,7 +81,10 @@ class TrainingConfig:
     grad_clip: float = setting(1.0, minimum=0, help="max gradient norm; 0 disables clipping")
     seed: int = setting(0, minimum=0)
     log_interval: int = setting(10, minimum=1, help="steps between rank-0 log lines")
-    compile: bool = setting(False, help="torch.compile each block (CUDA only)")
+    compile: bool | str = setting(
+        AUTO, choices=(AUTO,), help=f"torch.compile each block: true, false or {AUTO} (on CUDA, off on CPU); "
+        "a compile that fails trains eager",
+    )
     eval_interval: int = setting(
         0, minimum=0, help="steps between held-out evaluations on the validation split (data.source tokens), "
         "and one at the last step; 0: none",
@@ -89,6 +92,11 @@ class TrainingConfig:
     eval_steps: int = setting(
         20, minimum=1, help="micro-batches each evaluation reads, dealt across the ranks: the same validation windows at any world size",
     )
+
+    def compiles(self, device_type: str) -> bool:
+        """Whether the blocks are compiled on this device: `auto` on CUDA only, where inductor's fused kernels
+        pay for the compile (docs/model.md); on CPU it costs minutes of C++ builds for little."""
+        return device_type == "cuda" if self.compile == AUTO else bool(self.compile)
 
     def logs_at(self, step: int) -> bool:
         """Whether optimizer step `step` is a logging step: every log_interval steps, and the last."""

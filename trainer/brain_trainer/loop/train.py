@@ -45,6 +45,7 @@ from ..observe.reporter import Reporter
 from ..parallel.ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
 from ..parallel.fsdp import FSDPWrapper
 from ..parallel.launcher import DistributedLauncher
+from ..parallel.blocks import COMPILE_BACKEND, Backend
 from ..parallel.memory import checkpoint_bytes, rank_estimate, resolve_distributed
 from ..resilience.failures import Fatal
 from ..resilience.preemption import Preemption
@@ -139,7 +140,7 @@ def resolve_strategy(cfg: TrainerConfig, world_size: int, device: torch.device) 
 WRAPPERS = {"single": SingleDeviceWrapper, "ddp": DDPWrapper, "fsdp": FSDPWrapper}
 
 
-def make_wrapper(model: nn.Module, dist_cfg: DistributedConfig, *, compile_backend: Optional[str] = None) -> ProcessGroupUser:
+def make_wrapper(model: nn.Module, dist_cfg: DistributedConfig, *, compile_backend: Optional[Backend] = None) -> ProcessGroupUser:
     """The seed's wrapper for a resolved strategy: SingleDeviceWrapper, DDPWrapper or FSDPWrapper."""
     return WRAPPERS[dist_cfg.strategy](model, dist_cfg, compile_backend=compile_backend)
 
@@ -155,7 +156,7 @@ def build_and_wrap(cfg: TrainerConfig, dist_cfg: DistributedConfig, rank: int, w
     """
     model = build(cfg.model, cfg.training.seed)
     source = open_source(cfg.model.init_from, model) if cfg.model.init_from else None
-    compile_backend = "inductor" if cfg.training.compile and device.type == "cuda" else None
+    compile_backend = COMPILE_BACKEND if cfg.training.compiles(device.type) else None
     wrapper = make_wrapper(model, dist_cfg, compile_backend=compile_backend)
     model = wrapper.setup(rank, world_size, materialize=Initializer(cfg.training.seed) if is_meta(model) else None)
     if source is not None:
@@ -277,7 +278,8 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
                      peak_flops=peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                                            cfg.metrics.peak_flops),
                      world_size=world_size, info={"version": __version__, "preset": preset,
-                                                  "strategy": dist_cfg.strategy, "world_size": str(world_size)})
+                                                  "strategy": dist_cfg.strategy, "world_size": str(world_size)},
+                     compiling=wrapper.compile_backend is not None)
     if rank == 0:
         log.info(
             "training %s with %s on %d rank(s), %s: micro-batch %d x %d accumulation x %d ranks = %d sequences/step, from step %d",

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,14 @@ def _init_linear(layer: nn.Linear, std: float = INIT_STD) -> None:
         nn.init.zeros_(layer.bias)
 
 
-class GatedMLP(nn.Module):
+class Block(nn.Module):
+    """A module of BrainAI's: its `reset_parameters` initialises all of its tensors, its children's included, as
+    BrainAI does (BrainAI's own, or any model a `model.entrypoint` builds from these blocks: `reset_block`)."""
+
+    RESIDUAL_ADDS: ClassVar[int] = 0  # projections it adds into the residual stream (their init is depth-scaled)
+
+
+class GatedMLP(Block):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
     def __init__(self, d_model: int, hidden: int):
@@ -65,7 +73,7 @@ class GatedMLP(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
-class Encoders(nn.Module):
+class Encoders(Block):
     """Byte embedding, hashed n-gram embeddings and a causal depthwise convolution.
 
     The n-gram table gives each position the bigram and trigram that end at
@@ -123,7 +131,7 @@ class Spike(torch.autograd.Function):
         return grad / (1 + ctx.slope * v.abs()).pow(2), None
 
 
-class SpikingBlock(nn.Module):
+class SpikingBlock(Block):
     """Leaky integrate-and-fire neurons driven by each token for `snn_steps` steps.
 
     The membrane integrates a constant input current with a learned leak per
@@ -132,6 +140,8 @@ class SpikingBlock(nn.Module):
     residual stream. The steps simulate neuron dynamics within one token, so
     causality is untouched.
     """
+
+    RESIDUAL_ADDS = 1
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
@@ -190,7 +200,7 @@ def gated_scan(log_a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return h.view(B, -1, D)[:, :T]
 
 
-class RecurrentBlock(nn.Module):
+class RecurrentBlock(Block):
     """A gated linear recurrence h_t = a_t * h_{t-1} + (1 - a_t) * v_t over the sequence (see gated_scan).
 
     Forget gate a_t = exp(-MAX_LOG_DECAY * sigmoid(-g_t)) lies in
@@ -198,6 +208,8 @@ class RecurrentBlock(nn.Module):
     so the scan can work in log space. Runs in float32 whatever the autocast
     dtype; the read-out is gated by silu of a third projection.
     """
+
+    RESIDUAL_ADDS = 1
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
@@ -218,12 +230,14 @@ class RecurrentBlock(nn.Module):
         return x + self.out((state * F.silu(out_gate)).to(x.dtype))
 
 
-class SlotAttentionBlock(nn.Module):
+class SlotAttentionBlock(Block):
     """Each token queries a bank of learned slots (keys and values) with multi-head attention.
 
     The slots do not depend on the input, so every position may read all of
     them without breaking causality.
     """
+
+    RESIDUAL_ADDS = 1
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
@@ -255,8 +269,10 @@ class SlotAttentionBlock(nn.Module):
         return x + self.out(read.transpose(1, 2).reshape(B, T, D))
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(Block):
     """Pre-norm causal self-attention followed by a gated MLP."""
+
+    RESIDUAL_ADDS = 2  # the attention's output and the MLP's
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
@@ -283,8 +299,10 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class DecisionBlock(nn.Module):
+class DecisionBlock(Block):
     """Pre-norm gated MLP."""
+
+    RESIDUAL_ADDS = 1
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
@@ -299,7 +317,7 @@ class DecisionBlock(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
-class BlockStack(nn.Module):
+class BlockStack(Block):
     """Blocks of one kind applied in sequence; each block is its own FSDP wrap unit."""
 
     def __init__(self, block: Callable[[BrainAIConfig], nn.Module], count: int, cfg: BrainAIConfig):
@@ -316,12 +334,14 @@ class BlockStack(nn.Module):
         return x
 
 
-class Meta(nn.Module):
+class Meta(Block):
     """Self-monitoring: a per-token confidence in (0, 1) scales a correction of the stream.
 
     x + sigmoid(w . norm(x) + b) * W norm(x): where the model is unsure the
     correction is damped, where it is confident it is applied in full.
     """
+
+    RESIDUAL_ADDS = 1
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
@@ -340,7 +360,7 @@ class Meta(nn.Module):
         return x + confidence * self.correction(h)
 
 
-class Heads(nn.Module):
+class Heads(Block):
     """Final norm and the output head over the vocabulary (not tied to the embedding: each FSDP unit owns its weights)."""
 
     def __init__(self, cfg: BrainAIConfig):
@@ -380,17 +400,10 @@ class BrainAI(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """(Re)initialise every parameter; use after `to_empty()` on a meta-built model.
-
-        Projections that write into the residual stream start smaller
-        (GPT-2 style, std / sqrt(2 * residual blocks)) so the stream's
-        variance does not grow with depth.
-        """
-        out_std = INIT_STD / math.sqrt(2 * self.cfg.residual_blocks)
-        self.encoders.reset_parameters()
-        for module in (self.snn_core, self.htm, self.workspace, self.reasoning, self.decision, self.meta):
-            module.reset_parameters(out_std)
-        self.heads.reset_parameters()
+        """(Re)initialise every parameter; use after `to_empty()` on a meta-built model."""
+        out_std = residual_out_std(self)
+        for module in self.children():
+            reset_block(module, out_std)
 
     def wrap_units(self) -> list[nn.Module]:
         """FSDP wrap units in forward order: every block of a stack, then the stack; the other modules as they are.
@@ -441,6 +454,24 @@ def _load_entrypoint(value: str) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise _entrypoint_error(value, f"{attr_path}() must return a torch.nn.Module, returned {type(model).__name__}")
     return model
+
+
+def residual_out_std(model: nn.Module) -> float:
+    """The init std of the projections that write into `model`'s residual stream.
+
+    GPT-2 style, INIT_STD / sqrt(2 x the additions into the stream, counted over the model's blocks), so
+    that the stream's variance does not grow with depth.
+    """
+    adds = sum(module.RESIDUAL_ADDS for module in model.modules() if isinstance(module, Block))
+    return INIT_STD / math.sqrt(2 * max(adds, 1))
+
+
+def reset_block(block: Block, out_std: float) -> None:
+    """Initialise `block` and all below it as BrainAI does; `out_std` for the blocks that write into the stream."""
+    if "out_std" in inspect.signature(block.reset_parameters).parameters:
+        block.reset_parameters(out_std)
+    else:
+        block.reset_parameters()
 
 
 def build_model(model_cfg: ModelConfig) -> nn.Module:

@@ -7,7 +7,10 @@
 No rank ever holds the whole model unless its strategy keeps a whole replica
 (DDP, single, FSDP no_shard). BrainAI initialises itself with `init_weights()`;
 any model whose root has `init_weights()` is initialised the same way, and
-any other through each module's `reset_parameters()`. A user model
+any other through each module's `reset_parameters()`, except that a BrainAI
+block a user model reuses initialises all of itself as it does inside BrainAI
+(`brain_ai.reset_block`, the residual projections scaled to the user model's
+depth). A user model
 (`model.entrypoint`) some of whose modules hold tensors but define no
 `reset_parameters()` is built whole on every rank instead (the old path),
 with a warning that says what to add.
@@ -25,7 +28,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..parallel.ddp import local_device
 from ..schema import ConfigError, FieldError
-from .brain_ai import build_model
+from .brain_ai import Block, build_model, reset_block, residual_out_std
 from .seeded_init import poison, seeded_fills, unset
 
 log = logging.getLogger(__name__)
@@ -39,7 +42,10 @@ def not_initialisable(model: nn.Module) -> Optional[str]:
     """Why `model` cannot be initialised in place after to_empty (None when it can)."""
     if callable(getattr(model, "init_weights", None)):
         return None
+    inside_blocks = {id(m) for block in model.modules() if isinstance(block, Block) for m in block.modules()}
     for name, module in model.named_modules():
+        if id(module) in inside_blocks:
+            continue  # a BrainAI block initialises all of itself
         if _owns_tensors(module) and not callable(getattr(module, "reset_parameters", None)):
             where = f" (at {name})" if name else " (the root)"
             return (
@@ -78,9 +84,18 @@ def _initialise(model: nn.Module) -> None:
     if callable(init_weights):
         init_weights()
         return
-    for module in model.modules():
-        if _owns_tensors(module):
-            module.reset_parameters()
+    _reset(model, residual_out_std(model))
+
+
+def _reset(module: nn.Module, out_std: float) -> None:
+    """Each module that holds tensors resets them, parents before children; a BrainAI block resets all of itself."""
+    if isinstance(module, Block):
+        reset_block(module, out_std)
+        return
+    if _owns_tensors(module):
+        module.reset_parameters()
+    for child in module.children():
+        _reset(child, out_std)
 
 
 class Initializer:

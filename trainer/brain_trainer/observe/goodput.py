@@ -9,7 +9,8 @@ cluster) in the checkpoint folder, which outlives pods and worker groups:
   (the work lost since the last commit);
 - checkpoint: the loop waiting for saves (staging, blocking saves, the final commit);
 - initialization: a trainer's start up to its first step (importing torch,
-  process group, build, restore);
+  process group, build, restore), and that first step itself when the blocks
+  are compiled (torch.compile compiles them lazily, at their first call);
 - evaluation: evaluation passes on the held-out split;
 - waiting: between one trainer's last ledger entry and the next trainer's
   start: restarts, rendezvous, rescheduling; where the previous trainer died,
@@ -81,9 +82,10 @@ class Ledger:
     def add(self, kind: str, seconds: float, now: float) -> "Ledger":
         return replace(self, seconds={**self.seconds, kind: self.seconds[kind] + seconds}, updated_at=now)
 
-    def step(self, step: int, seconds: float, now: float) -> "Ledger":
-        """A completed optimizer step: productive past the high-water mark, else recomputed."""
-        kind = PRODUCTIVE if step > self.high_water else RECOMPUTED
+    def step(self, step: int, seconds: float, now: float, kind: Optional[str] = None) -> "Ledger":
+        """A completed optimizer step: productive past the high-water mark, else recomputed; or `kind`, whose
+        time it mostly was (a compiling first step: initialization). The step counts as reached all the same."""
+        kind = kind or (PRODUCTIVE if step > self.high_water else RECOMPUTED)
         return replace(self.add(kind, seconds, now), high_water=max(self.high_water, step))
 
     @property

@@ -40,8 +40,8 @@ class GoodputLog:
     def record(self, kind: str, seconds: float) -> None:
         self.ledger = self.ledger.add(kind, seconds, time.time())
 
-    def step(self, step: int, seconds: float) -> None:
-        self.ledger = self.ledger.step(step, seconds, time.time())
+    def step(self, step: int, seconds: float, kind: Optional[str] = None) -> None:
+        self.ledger = self.ledger.step(step, seconds, time.time(), kind)
 
     def summary(self) -> Goodput:
         return summary(self.ledger)

@@ -6,7 +6,7 @@ publishes: the log line, the progress document, the metrics endpoint (MFU
 from flops.py) and TensorBoard.
 
     reporter = Reporter(cfg, rank, started)       # the ledger counts this start at once
-    reporter.started(step, ...)                   # set up: initialisation time ends here
+    reporter.started(step, ...)                   # set up: initialisation time ends here (compiled: after a step)
     per step:          reporter.stepped(step, checkpoint_total_s)
     per evaluation:    reporter.evaluated(step, loss, perplexity, tokens, seconds)
     per logging step:  reporter.logged(step, loss, ...)
@@ -84,11 +84,16 @@ class Reporter:
         self._last_log_step = 0
         self._step_times: list[float] = []  # of the steps since the last logging step
         self._checkpoint_s = 0.0  # the loop's total wait for saves when the latest step ended
+        self._compiling = False  # the next step compiles the blocks: the ledger counts it as initialization
 
     def started(self, step: int, *, tokens_per_step: int, flops_per_token: float, peak_flops: Optional[float],
-                world_size: int, info: dict[str, str]) -> None:
-        """Set up, about to compute `step` + 1: initialisation ends, brain_trainer_info, TensorBoard from here."""
+                world_size: int, info: dict[str, str], compiling: bool = False) -> None:
+        """Set up, about to compute `step` + 1: initialisation ends, brain_trainer_info, TensorBoard from here.
+
+        `compiling`: the blocks compile at their first call, so initialisation ends after the next step.
+        """
         self.goodput.record(INITIALIZATION, time.time() - self._started)
+        self._compiling = compiling
         self._tokens_per_step, self._flops_per_token = tokens_per_step, flops_per_token
         self._peak_flops, self._world_size = peak_flops, world_size
         self.books.first_step = self._last_log_step = step
@@ -108,10 +113,11 @@ class Reporter:
         self._last_step_time = now
         if self.active:  # only rank 0's ledger is kept
             waited = checkpoint_total_s - self._checkpoint_s
-            self.goodput.step(step, seconds - waited)
+            self.goodput.step(step, seconds - waited, INITIALIZATION if self._compiling else None)
             self.goodput.record(CHECKPOINT, waited)
             self.goodput.save(force=self.training.logs_at(step))
         self._checkpoint_s = checkpoint_total_s
+        self._compiling = False
 
     def evaluated(self, step: int, loss: float, perplexity: float, tokens: int, seconds: float) -> None:
         """An evaluation pass of `seconds` ran after `step`: logged, and in the progress document from now on."""

@@ -9,15 +9,25 @@ parameter names unchanged (checkpoints, initFrom and export see the same names).
     none        nothing is recomputed
     full        every block keeps only its input and is recomputed in backward
     selective   every k-th block is (k = distributed.activation_checkpointing_every)
+
+torch.compile is lazy: each block compiles at its first call. When one fails
+(no C++ compiler or Triton, a lowering error), every block goes back to its
+eager forward, with one warning line, and training goes on.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import logging
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint as activation_checkpoint
+
+log = logging.getLogger(__name__)
+
+COMPILE_BACKEND = "inductor"  # torch.compile's own default: fused Triton kernels on CUDA, C++ on CPU
+Backend = Union[str, Callable[..., Any]]  # a torch.compile backend: its name, or the callable itself
 
 
 def block_names(model: nn.Module) -> tuple[str, ...]:
@@ -39,7 +49,7 @@ def checkpointed_blocks(blocks: tuple[str, ...], mode: str, every: int) -> tuple
     return ()
 
 
-def apply_block_options(model: nn.Module, checkpointed: tuple[str, ...], compile_backend: Optional[str]) -> None:
+def apply_block_options(model: nn.Module, checkpointed: tuple[str, ...], compile_backend: Optional[Backend]) -> None:
     """Checkpoint the named blocks, then compile every block with `compile_backend` (None: no compile), in place.
 
     Compiling per block keeps the graphs small and identical from block to
@@ -51,8 +61,35 @@ def apply_block_options(model: nn.Module, checkpointed: tuple[str, ...], compile
     for name in checkpointed:
         activation_checkpoint(modules[name])
     if compile_backend is not None:
-        for name in block_names(model):
-            # The block's own forward: each block class gets its own compile cache (a whole module's
-            # compile shares one cache, nn.Module's _call_impl, among every class), hooks stay outside.
-            block = modules[name]
-            block.forward = torch.compile(block.forward, backend=compile_backend)
+        compile_blocks([(name, modules[name]) for name in block_names(model)], compile_backend)
+
+
+def compile_blocks(blocks: list[tuple[str, nn.Module]], backend: Backend) -> None:
+    """Compile each block's forward; at the first compile that fails, all of them train eager from then on."""
+    from torch._dynamo.exc import TorchDynamoException  # a backend's failure arrives as BackendCompilerFailed
+
+    eager = [(block, block.forward) for _, block in blocks]
+
+    def fall_back(name: str, exc: BaseException) -> None:
+        cause = getattr(exc, "inner_exception", None) or exc  # what the backend raised, when it was the backend
+        first = (str(cause).strip().splitlines() or [""])[0]
+        log.warning("torch.compile failed in %s (%s: %s): every block trains eager", name, type(cause).__name__, first)
+        for block, forward in eager:
+            block.forward = forward
+
+    def guarded(name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
+        # The block's own forward: each block class gets its own compile cache (a whole module's
+        # compile shares one cache, nn.Module's _call_impl, among every class), hooks stay outside.
+        compiled = torch.compile(forward, backend=backend)
+
+        def forward_or_eager(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return compiled(*args, **kwargs)
+            except TorchDynamoException as exc:
+                fall_back(name, exc)
+                return forward(*args, **kwargs)
+
+        return forward_or_eager
+
+    for (name, block), (_, forward) in zip(blocks, eager):
+        block.forward = guarded(name, forward)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import DistributedConfig
-from .blocks import apply_block_options, block_names, checkpointed_blocks
+from .blocks import Backend, apply_block_options, block_names, checkpointed_blocks
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class ProcessGroupUser:
     every block with torch.compile (None: not compiled).
     """
 
-    def __init__(self, config: DistributedConfig, *, compile_backend: Optional[str] = None):
+    def __init__(self, config: DistributedConfig, *, compile_backend: Optional[Backend] = None):
         self.config = config.resolved()
         self.compile_backend = compile_backend
         self._owns_group = False
@@ -123,7 +123,7 @@ def place(model: nn.Module, device: torch.device, materialize: Optional[Material
 class SingleDeviceWrapper(ProcessGroupUser):
     """strategy single: one process trains the model on its device, unwrapped."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[str] = None):
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[Backend] = None):
         super().__init__(config, compile_backend=compile_backend)
         self.model = model
 
@@ -136,7 +136,7 @@ class SingleDeviceWrapper(ProcessGroupUser):
 class DDPWrapper(ProcessGroupUser):
     """Places the model on this rank's device and wraps it in DDP."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[str] = None):
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[Backend] = None):
         super().__init__(config, compile_backend=compile_backend)
         self.model = model
         self.wrapped: Optional[DistributedDataParallel] = None

@@ -32,6 +32,7 @@ from torch.optim import Optimizer
 
 from .. import checkpoint as checkpoints
 from ..config import DistributedConfig
+from .blocks import Backend
 from .ddp import Materialize, ProcessGroupUser, use_local_device
 from .launcher import env_int
 
@@ -109,7 +110,7 @@ def sharding_policy(
 class FSDPWrapper(ProcessGroupUser):
     """Shards a model over the ranks with FSDP2."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[str] = None):
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[Backend] = None):
         super().__init__(config, compile_backend=compile_backend)
         self.model = model
         self.wrapped: Optional[FSDPModule] = None
