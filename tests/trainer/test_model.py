@@ -166,7 +166,7 @@ def test_spike_is_a_step_with_surrogate_gradient():
 
 
 def test_build_model_from_preset_and_entrypoint(tmp_path, monkeypatch):
-    (tmp_path / "user_models.py").write_text(
+    (tmp_path / "factory_models.py").write_text(
         textwrap.dedent(
             """
             import torch
@@ -187,17 +187,18 @@ def test_build_model_from_preset_and_entrypoint(tmp_path, monkeypatch):
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "user_models", raising=False)
+    # Its own module name: tests/trainer/user_models.py is the one other tests import as `user_models`.
+    monkeypatch.delitem(sys.modules, "factory_models", raising=False)
     assert isinstance(build_model(ModelConfig(preset="minimal")), BrainAI)
-    tiny = build_model(ModelConfig(entrypoint="user_models:Factory.tiny"))
+    tiny = build_model(ModelConfig(entrypoint="factory_models:Factory.tiny"))
     assert tiny(torch.zeros(2, 5, dtype=torch.long)).shape == (2, 5, 256)
 
     cases = {
         "no_such_module_xyz:make": "cannot import module 'no_such_module_xyz'",
-        "user_models:missing": "has no attribute 'missing'",
-        "user_models:NOT_CALLABLE": "is not callable",
-        "user_models:not_a_module": "must return a torch.nn.Module, returned int",
-        "user_models:broken": "raised RuntimeError: no weights here",
+        "factory_models:missing": "has no attribute 'missing'",
+        "factory_models:NOT_CALLABLE": "is not callable",
+        "factory_models:not_a_module": "must return a torch.nn.Module, returned int",
+        "factory_models:broken": "raised RuntimeError: no weights here",
     }
     for value, message in cases.items():
         with pytest.raises(ConfigError) as err:
