@@ -43,3 +43,14 @@ class Frequencies(nn.Module):
 
 def forgets_a_buffer() -> nn.Module:
     return nn.Sequential(nn.Embedding(256, WIDTH), Frequencies(), nn.Linear(WIDTH, 256))
+
+
+class HostRead(nn.Module):
+    """Looks at its input's values on the host (.item()): it trains, but cannot run on meta tensors."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * float(x.abs().max().item() > 0)
+
+
+def data_dependent() -> nn.Module:
+    return nn.Sequential(nn.Embedding(256, WIDTH), HostRead(), nn.Linear(WIDTH, 256))
