@@ -1,5 +1,7 @@
 """FLOPs and MFU: the counted FLOPs per token (model.flop_count), their formula (config.model_flops), MFU (observe.flops)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -115,3 +117,14 @@ def test_mfu_is_achieved_over_peak_flops_of_all_devices():
     # 8 H100s at 9,420 tokens/s each at 42 GFLOPs per token: 42e9 x 75,360 / (8 x 989e12) = 0.40
     assert mfu(8 * 9420, per_token, 989e12, 8) == pytest.approx(0.40, abs=1e-3)
     assert mfu(1000.0, per_token, None, 8) is None
+
+
+def test_braintrain_estimate_prints_the_count_the_trainer_makes(capsys):
+    from brain_operator.cli import main
+
+    example = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "gpu-7b-fsdp.yaml"
+    assert main(["estimate", str(example)]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("model FLOPs per token"))
+    counted = counted_flops_per_token(ModelConfig(preset="7b"), 4096, loss_fn)
+    assert line == (f"model FLOPs per token: {counted:.3g} at sequence length 4096, forward and backward "
+                    f"(6 x parameters: {six_n_flops_per_token(param_count('7b')):.3g})")
