@@ -37,3 +37,19 @@ def test_async_save_measures_each_save_against_a_raw_write(tmp_path):
     assert final["stall_s"] == final["save_s"]  # the final save blocks the loop throughout
     assert list((tmp_path / "disk").iterdir()) == []  # its checkpoints and raw file are removed
     assert "save/raw" in done.stdout
+
+
+def test_the_checks_job_is_valid_and_its_resume_has_more_steps(tmp_path, capsys):
+    """The manifest gpu_check.sh runs, and the copy it resumes with: the sed there must hit exactly one line."""
+    from brain_operator.cli import main
+
+    manifest = ROOT / "benchmarks" / "gpu_check.yaml"
+    assert main(["validate", "--local", str(manifest)]) == 0
+    text = manifest.read_text()
+    assert text.count("\n    steps: 40\n") == 1
+    assert "sed 's/^    steps: 40$/    steps: 80/' benchmarks/gpu_check.yaml" in (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    resume = tmp_path / "resume.yaml"
+    resume.write_text(text.replace("\n    steps: 40\n", "\n    steps: 80\n"))
+    assert main(["validate", "--local", str(resume)]) == 0
+    out = capsys.readouterr().out
+    assert "valid BrainTrainingJob 'gpu-check' (1 x 1 processes)" in out

@@ -62,7 +62,10 @@ def _counted(preset: str, vocab_size: Optional[int], entrypoint: Optional[str], 
             model = build_model(model_cfg)
             tokens = torch.zeros((1, seq_len), dtype=torch.long)
         return count_training_flops(model, tokens, loss) // seq_len
-    except Exception as exc:  # a user model that cannot run on meta tensors: the caller falls back to 6N
+    except Exception as exc:
+        if entrypoint is None:
+            raise  # BrainAI always runs on meta: a failure here is a bug to see
+        # A user model that cannot run on meta tensors (it reads values on the host, say): the caller uses 6N.
         log.warning("model.entrypoint %s: cannot count its FLOPs on the meta device (%s: %s); MFU uses 6 x parameters",
                     entrypoint, type(exc).__name__, exc)
         return None
