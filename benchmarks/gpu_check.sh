@@ -10,7 +10,8 @@
 # 3. throughput: benchmarks/gpu_throughput.py, eager and compiled, with the plain loop's ratio;
 # 4. async saves: benchmarks/async_save.py, the 1b preset's async saves' stall and save/raw-write ratio.
 #
-# Prints one table. Exit 0 when every step ran, 1 when one failed (its output's end is shown), 2 without CUDA.
+# Prints one table. Exit 0 when every step ran, 1 when one failed (its output's end is shown) or torch is missing,
+# 2 without CUDA.
 # docs/performance.md explains the figures and keeps the measured tables.
 set -euo pipefail
 
@@ -19,6 +20,10 @@ PYTHON="${PYTHON:-python3}"
 export PYTHONPATH="$ROOT/trainer:$ROOT/operator${PYTHONPATH:+:$PYTHONPATH}"
 cd "$ROOT"
 
+if ! "$PYTHON" -c 'import torch' 2>/dev/null; then
+    echo "gpu_check: $PYTHON cannot import torch; set PYTHON to the python that has it" >&2
+    exit 1
+fi
 if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 2)' 2>/dev/null; then
     echo "gpu_check: no CUDA device for $PYTHON's torch here; run it on a GPU machine" >&2
     exit 2
