@@ -4,14 +4,18 @@ For the job's model, precision, micro-batch, sequence length and world size:
 the per-rank device breakdown of the strategy the job asks for, the strategy
 `strategy: auto` would pick, every option the planner tries, and the host
 memory per rank of the strategy the job will run, with the pod memory request
-that covers it (compared with `spec.resources.requests.memory`), and the room
-its checkpoints need (storage.py).
+that covers it (compared with `spec.resources.requests.memory`), the room
+its checkpoints need (storage.py), and the model FLOPs per token the trainer's
+MFU counts (config/model_flops.py: the formula its FlopCounterMode count equals).
 """
 
 from __future__ import annotations
 
 import math
 
+from brain_trainer.config import TrainerConfig
+from brain_trainer.config.model_flops import six_n_flops_per_token, training_flops_per_token
+from brain_trainer.config.presets import param_count, preset_config
 from brain_trainer.parallel.memory import (
     GIB,
     HostPlan,
@@ -117,6 +121,14 @@ def _vocabulary(vocab_size: int | None) -> str:
     return "" if vocab_size is None else f" (vocabulary {vocab_size:,})"
 
 
+def flops_line(cfg: TrainerConfig) -> str:
+    """The model FLOPs per token the trainer's MFU uses, beside the usual 6 x parameters."""
+    vocabulary = {} if cfg.model.vocab_size is None else {"vocab_size": cfg.model.vocab_size}
+    model = preset_config(cfg.model.preset, **vocabulary)
+    return (f"model FLOPs per token: {training_flops_per_token(model, cfg.training.seq_len):.3g} at sequence length "
+            f"{cfg.training.seq_len}, forward and backward (6 x parameters: {six_n_flops_per_token(param_count(model)):.3g})")
+
+
 def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[str]:
     cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing
     memory = _device_memory(device_memory_gib)
@@ -126,6 +138,7 @@ def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[
         f"{job.name}: preset {cfg.model.preset}{_vocabulary(cfg.model.vocab_size)}, {world_size(job.spec)} rank(s) ({job.spec.nodes} node(s) x "
         f"{job.spec.nproc_per_node}), {dist.mixed_precision_policy}, micro-batch {training.micro_batch_size} x "
         f"{training.seq_len} tokens, {memory / GIB:g} GiB per device",
+        flops_line(cfg),
         "",
     ]
     if asked is not None:

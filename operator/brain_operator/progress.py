@@ -37,6 +37,7 @@ def shown(progress: Progress, now: datetime) -> Progress:
         loss=_round(progress.loss),
         eval_loss=_round(progress.eval_loss),
         tokens_per_second=_round(progress.tokens_per_second),
+        mfu=_round(progress.mfu),
         eta_seconds=None if progress.eta_seconds is None else int(progress.eta_seconds),
         last_checkpoint_step=None,
         goodput=None,

@@ -79,6 +79,8 @@ def test_every_rank_keeps_the_books_of_its_result(tmp_path, clock):
     reporter.close()
     assert (books.first_step, books.steps) == (0, STEPS)
     assert books.history == [(2, 8.0), (4, 6.0)]
+    # Throughput windows between logging steps, training only: the benchmark's steady state is made of these.
+    assert books.windows == [(2, 2, 2 * STEP_S), (4, 2, 2 * STEP_S)]
     assert books.eval_history == [(4, 2.5)] and books.eval_seconds == EVAL_S
     # The loop's time: first step to the last, evaluation included, the final save not.
     assert books.loop_seconds == STEPS * STEP_S + EVAL_S
@@ -97,6 +99,7 @@ def test_rank_0_publishes_progress_and_keeps_the_ledger(tmp_path, clock, monkeyp
     assert (final.last_checkpoint_step, final.checkpoint_interval_steps) == (STEPS, 50)
     # Throughput counts training only: the evaluation's time is left out.
     assert final.tokens_per_second == pytest.approx(LOG_INTERVAL * TOKENS_PER_STEP / (LOG_INTERVAL * STEP_S))
+    assert final.mfu is None  # no peak: MFU unknown, not 0
     seconds = json.loads((tmp_path / "ckpt" / LEDGER_FILE).read_text())["seconds"]
     assert seconds[INITIALIZATION] == SETUP_S
     assert seconds[PRODUCTIVE] == STEPS * STEP_S - SAVE_S  # a save's wait inside a step is the checkpoint's

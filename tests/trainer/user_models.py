@@ -52,3 +52,14 @@ def brainai_blocks() -> nn.Module:
     """A smaller BrainAI of its own blocks, assembled by hand (what a user's entrypoint may do with them)."""
     cfg = preset_config("minimal", d_model=WIDTH, ngram_buckets=512, max_seq_len=64)
     return nn.Sequential(Encoders(cfg), BlockStack(SpikingBlock, 2, cfg), TransformerBlock(cfg), Heads(cfg))
+
+
+class HostRead(nn.Module):
+    """Looks at its input's values on the host (.item()): it trains, but cannot run on meta tensors."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * float(x.abs().max().item() > 0)
+
+
+def data_dependent() -> nn.Module:
+    return nn.Sequential(nn.Embedding(256, WIDTH), HostRead(), nn.Linear(WIDTH, 256))

@@ -216,6 +216,10 @@ class Progress:
     total_steps: Optional[int] = setting(None, minimum=0, help="Optimizer steps the job will run")
     loss: Optional[float] = setting(None, help="Training loss of the last logged step, averaged over ranks")
     tokens_per_second: Optional[float] = setting(None, minimum=0, help="Training throughput over all ranks")
+    mfu: Optional[float] = setting(
+        None, minimum=0, help="Model FLOPs utilisation: counted training FLOPs x tokens/s over the devices' peak "
+        "(metrics.peakFlops or a known GPU's); absent on CPU"
+    )
     eta_seconds: Optional[float] = setting(None, minimum=0, help="Estimated seconds until the last step")
     last_checkpoint_step: Optional[int] = setting(None, minimum=0, help="Step of the newest committed checkpoint (status shows it as lastCheckpoint)")
     eval_loss: Optional[float] = setting(None, help="Held-out loss of the newest evaluation on the validation split, over all ranks")

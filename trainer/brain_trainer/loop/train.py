@@ -37,9 +37,11 @@ from ..config import AUTO, DistributedConfig, TrainerConfig
 from ..contract import OUT_OF_MEMORY
 from ..data.loader import RankAwareDataLoader, build_dataset
 from ..data.tokens.source import token_source
+from ..config.model_flops import six_n_flops_per_token
+from ..model.flop_count import counted_flops_per_token
 from ..model.init_from import WeightSource, manifest_fields, open_source
 from ..model.materialize import Initializer, build, is_meta
-from ..observe.flops import peak_flops, training_flops_per_token
+from ..observe.flops import peak_flops
 from ..observe.memory_report import gather_init_memory, out_of_memory_line, peak_host_bytes
 from ..observe.reporter import Reporter
 from ..parallel.ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
@@ -72,6 +74,8 @@ class TrainResult:
     wall_seconds: float  # the loop's wall time in this process
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) at each logging step
     eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out loss) at each evaluation
+    # (logging step, steps, training seconds) of each logging window, timed where the device is synchronised
+    windows: list[tuple[int, int, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,12 @@ def build_and_wrap(cfg: TrainerConfig, dist_cfg: DistributedConfig, rank: int, w
     if source is not None:
         source.load_into(model)
     return wrapper, model, source
+
+
+def model_flops_per_token(cfg: TrainerConfig, parameters: int) -> int:
+    """Training FLOPs per token for MFU: counted on the model (model/flop_count.py), else 6 x parameters."""
+    counted = counted_flops_per_token(cfg.model, cfg.training.seq_len, loss_fn)
+    return six_n_flops_per_token(parameters) if counted is None else counted
 
 
 def committed_step(ckpt: CheckpointManager) -> Optional[int]:
@@ -273,8 +283,9 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     evaluator = None if run.held_out is None else Evaluator(
         run.held_out, training.micro_batch_size, training.eval_steps, rank, world_size, device, autocast)
     preset = cfg.model.entrypoint or cfg.model.preset
-    reporter.started(state.step, tokens_per_step=global_batch * training.seq_len,
-                     flops_per_token=training_flops_per_token(parameters),
+    # Only rank 0 reports MFU; counting takes a pass over the model on the meta device.
+    flops_per_token = model_flops_per_token(cfg, parameters) if reporter.active else 0
+    reporter.started(state.step, tokens_per_step=global_batch * training.seq_len, flops_per_token=flops_per_token,
                      peak_flops=peak_flops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                                            cfg.metrics.peak_flops),
                      world_size=world_size, info={"version": __version__, "preset": preset,
@@ -286,6 +297,8 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
             preset, dist_cfg.strategy, world_size, device.type,
             training.micro_batch_size, cfg.accumulation_steps(world_size), world_size, global_batch, state.step,
         )
+        log.info("model FLOPs per token: %.3g at sequence length %d (6 x parameters: %.3g)", flops_per_token,
+                 training.seq_len, six_n_flops_per_token(parameters))
     return Trainer(wrapper=wrapper, model=model, optimizer=optimizer, scheduler=scheduler, accumulator=accumulator,
                    state=state, ckpt=ckpt, preemption=preemption, batches=iter(loader), evaluator=evaluator,
                    sample_log=sample_log, autocast=autocast, device=device, global_batch=global_batch)
@@ -353,4 +366,5 @@ def _loop(t: Trainer, cfg: TrainerConfig, reporter: Reporter, watchdog: Watchdog
         wall_seconds=books.loop_seconds,
         history=books.history,
         eval_history=books.eval_history,
+        windows=books.windows,
     )

@@ -1,8 +1,8 @@
 """Model FLOPs utilisation (pure, torch-free): achieved training FLOP/s over the devices' peak.
 
-Training costs about 6 FLOPs per parameter per token (2 forward, 4 backward;
-Kaplan et al. 2020), leaving out attention scores and activation
-recomputation: the usual MFU convention, so figures compare across jobs.
+The FLOPs per token are the model's own, counted once at start
+(model/flop_count.py; config/model_flops.py is the same figure as a formula),
+without recomputation: PaLM's MFU, so figures compare across jobs and devices.
 """
 
 from __future__ import annotations
@@ -24,11 +24,6 @@ PEAK_FLOPS: tuple[tuple[str, float], ...] = (
     ("L40S", 362e12),
     ("L4", 121e12),
 )
-FLOPS_PER_PARAMETER_TOKEN = 6
-
-
-def training_flops_per_token(parameters: int) -> float:
-    return FLOPS_PER_PARAMETER_TOKEN * parameters
 
 
 def peak_flops(device_name: Optional[str], override: Optional[float] = None) -> Optional[float]:

@@ -26,19 +26,20 @@ METRIC_PREFIX = "brain_trainer_"
 _NUMBERS = (int, float, Optional[int], Optional[float])
 # Fields of the progress document that only grow over the run: counters (`<name>_total`) rather than gauges.
 _COUNTED = ("in_pod_restarts",)
-# Each other numeric field of the progress document is a gauge of the same name, with the field's help.
-_FROM_PROGRESS = {
-    f.name: (METRIC_PREFIX + f.name, f.metadata["help"])
-    for f in dataclasses.fields(Progress)
-    if typing.get_type_hints(Progress)[f.name] in _NUMBERS and f.name not in _COUNTED
-}
 _HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(Progress)}
 # keyword of publish() -> (gauge name, help)
 _EXTRAS = {
     "learning_rate": ("brain_trainer_learning_rate", "Current learning rate"),
     "peak_memory_bytes": ("brain_trainer_peak_memory_bytes", "Peak accelerator (or host) memory of rank 0"),
     "grad_norm": ("brain_trainer_grad_norm", "Total gradient norm before clipping, at the last logged step"),
-    "mfu": ("brain_trainer_mfu", "Model FLOPs utilisation: 6 x parameters x tokens/s over the devices' peak FLOP/s"),
+    "mfu": ("brain_trainer_mfu", "Model FLOPs utilisation: counted training FLOPs per token x tokens/s over the devices' peak FLOP/s"),
+}
+# Each other numeric field of the progress document is a gauge of the same name, with the field's help; one that
+# is also an extra (mfu) is published as one, so its gauge appears only once it is known.
+_FROM_PROGRESS = {
+    f.name: (METRIC_PREFIX + f.name, f.metadata["help"])
+    for f in dataclasses.fields(Progress)
+    if typing.get_type_hints(Progress)[f.name] in _NUMBERS and f.name not in _EXTRAS and f.name not in _COUNTED
 }
 # From milliseconds (small models on GPUs) to minutes (large models, slow links).
 STEP_TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)

@@ -49,6 +49,9 @@ class Books:
     eval_seconds: float = 0.0
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) at each logging step
     eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out loss) at each evaluation
+    # (logging step, steps since the previous one, their training seconds): the loop's throughput windows; each
+    # edge is a logging step, where the loss is read back from the device, so an accelerator has caught up there
+    windows: list[tuple[int, int, float]] = field(default_factory=list)
 
 
 class Reporter:
@@ -143,17 +146,19 @@ class Reporter:
         steps = step - self._last_log_step
         tokens_per_second = self._tokens_per_step * steps / (now - self._last_log_time)
         self.books.history.append((step, loss))
+        self.books.windows.append((step, steps, now - self._last_log_time))
         step_times, self._step_times = self._step_times, []
         self._last_log_step, self._last_log_time = step, now
         if not self.active:
             return
         step_time = sum(step_times) / len(step_times)
-        log.info("step %d/%d loss %.4f tokens/s %.0f step_time %.3fs lr %.3e", step, self.training.steps, loss,
-                 tokens_per_second, step_time, lr)
-        goodput = self.goodput.summary()
         used = mfu(tokens_per_second, self._flops_per_token, self._peak_flops, self._world_size)
+        log.info("step %d/%d loss %.4f tokens/s %.0f step_time %.3fs lr %.3e%s", step, self.training.steps, loss,
+                 tokens_per_second, step_time, lr, "" if used is None else f" mfu {used:.1%}")
+        goodput = self.goodput.summary()
         self._publish(
             Progress(step=step, total_steps=self.training.steps, loss=loss, tokens_per_second=tokens_per_second,
+                     mfu=used,
                      eta_seconds=eta_seconds(step, self.training.steps, step_time),
                      last_checkpoint_step=last_checkpoint_step, eval_loss=self.eval_loss, **_answered(answered),
                      goodput=goodput, **_restarts(self.goodput.ledger),
