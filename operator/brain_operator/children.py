@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .names import JOB_NAME_LABEL
+from .pods import DISRUPTION_TARGET
 from .schedulers import POD_GROUP_KINDS
 
 # (apiVersion, kind, plural, index name) of every watched child kind; the index name is kopf's handler id.
@@ -34,7 +35,8 @@ WATCHED_KINDS = frozenset((api_version, kind) for api_version, kind, _, _ in WAT
 # The server-side selector of every watch: objects that carry the job label at all.
 WATCH_SELECTOR = JOB_NAME_LABEL
 
-_METADATA = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp")
+# creationTimestamp and a container's finishedAt say which group a failed pod was in (incidents.py).
+_METADATA = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "creationTimestamp")
 _POD_STATUS = ("phase", "reason", "message", "podIP")
 
 
@@ -71,6 +73,9 @@ def _condition(condition: Mapping[str, Any]) -> dict[str, Any]:
         keys += ("reason", "message")
     if condition.get("type") == "PodScheduled":
         keys += ("lastTransitionTime",)
+    if condition.get("type") == DISRUPTION_TARGET:
+        # Which disruption, and when: a pod deleted while it runs ended then (failure_policy.py, incidents.py).
+        keys += ("reason", "message", "lastTransitionTime")
     return {key: condition[key] for key in keys if condition.get(key) is not None}
 
 
@@ -88,7 +93,7 @@ def _containers(statuses: Any) -> list[dict[str, Any]]:
 
 
 def _terminated(state: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: state[key] for key in ("exitCode", "reason", "message") if state.get(key) is not None}
+    return {key: state[key] for key in ("exitCode", "reason", "message", "finishedAt") if state.get(key) is not None}
 
 
 def _plain(value: Any) -> Any:

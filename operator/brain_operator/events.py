@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from .failure_policy import consequence, explain
 from .job_status import CREATE_REFUSED, FAILED, RESTARTING, WORKERS_READY, Condition, JobStatus
-from .pods import terminated_states
+from .pods import DISRUPTION_TARGET, terminated_states, true_condition
 from .spec.model import FailurePolicySpec
 
 NORMAL, WARNING = "Normal", "Warning"
@@ -40,8 +40,10 @@ class PodExit:
 def pod_exit(pod: Mapping[str, Any]) -> PodExit:
     status = pod.get("status") or {}
     terminated = next(iter(terminated_states(pod)), {})
-    # A pod-level reason (Evicted, Preempted) explains more than the container's.
-    reason = status.get("reason") or terminated.get("reason") or "Error"
+    # A pod-level reason (Evicted, Preempted) explains more than the container's; a pod deleted while it ran
+    # has only its DisruptionTarget's (DeletionByTaintManager, PreemptionByScheduler, ...).
+    target = true_condition(status, DISRUPTION_TARGET) or {}
+    reason = status.get("reason") or terminated.get("reason") or target.get("reason") or "Error"
     return PodExit(reason=reason, exit_code=terminated.get("exitCode"))
 
 
@@ -51,6 +53,16 @@ def worker_failure_event(pod: Mapping[str, Any], policy: FailurePolicySpec) -> E
     return Event(WARNING, "WorkerFailed",
                  f"worker pod {failure.pod} ended with {ended.reason} ({code}): {failure.reason}: {failure.line}; "
                  f"{consequence(failure)}")
+
+
+def worker_exit_event(pod: Mapping[str, Any], policy: FailurePolicySpec, why: str) -> Event:
+    """A worker that ended because of an incident already counted (`why`: after whose failure), or while a peer it
+    needs is not there: replaced, not counted (incidents.py)."""
+    ended, failure = pod_exit(pod), explain(pod, policy)
+    code = "no exit code" if ended.exit_code is None else f"exit code {ended.exit_code}"
+    return Event(NORMAL, "WorkerExited",
+                 f"worker pod {failure.pod} ended with {ended.reason} ({code}): {failure.reason}: {failure.line}; "
+                 f"{why}: replaced, not counted against runPolicy.backoffLimit")
 
 
 def phase_event(previous_phase: Optional[str], phase: Optional[str], message: str = "") -> Optional[Event]:

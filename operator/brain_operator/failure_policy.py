@@ -13,15 +13,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from brain_trainer.contract import COLLECTIVE_TIMEOUT, ERROR, OUT_OF_MEMORY, PREEMPTED_REASON, cause_rank, parse_termination
+import re
+
+from brain_trainer.contract import (
+    COLLECTIVE_TIMEOUT,
+    ERROR,
+    NETWORK_ERROR,
+    OUT_OF_MEMORY,
+    PREEMPTED_REASON,
+    STALLED,
+    cause_rank,
+    parse_termination,
+)
 
 from brain_trainer.schema import camel
 
-from .pods import is_disruption, terminated_states
+from .pods import DISRUPTION_TARGET, is_disruption, true_condition, terminated_states
 from .spec.model import FAIL_JOB, RESTART, RESTART_NOT_COUNTED, FailurePolicySpec
 
 # The kubelet's reason for a container killed at its memory limit.
 KUBELET_OOM = "OOMKilled"
+# What a worker reports when a peer, not it, broke the group: a collective that timed out or lost its peer, a
+# preflight a rank never joined, the watchdog's stop of a rank left waiting on a dead peer (its message may
+# outlive torchrun's restarts in the pod), and torchrun's own rendezvous giving up (below).
+CONSEQUENTIAL_REASONS = (COLLECTIVE_TIMEOUT, NETWORK_ERROR, STALLED)
+# torchrun's rendezvous errors (torch/distributed/elastic/rendezvous/api.py: RendezvousTimeoutError,
+# RendezvousConnectionError, RendezvousClosedError, ...) and the c10d store's (DistNetworkError, DistStoreError),
+# as the log tail of a pod whose trainer named no reason shows them.
+RENDEZVOUS_ERRORS = re.compile(r"\bRendezvous\w*Error\b|\bDist(?:Network|Store)Error\b")
 
 
 @dataclass(frozen=True)
@@ -52,8 +71,11 @@ def pod_reason(pod: Mapping[str, Any]) -> tuple[str, str]:
         return named
     if disrupted:
         status = pod.get("status") or {}
-        why = status.get("reason") or "disrupted"
-        return PREEMPTED_REASON, f"{why}: {status.get('message')}" if status.get("message") else why
+        # A pod deleted while still running says why only in its DisruptionTarget condition.
+        target = true_condition(status, DISRUPTION_TARGET) or {}
+        why = status.get("reason") or target.get("reason") or "disrupted"
+        said = status.get("message") or target.get("message")
+        return PREEMPTED_REASON, f"{why}: {said}" if said else why
     if any(t.get("reason") == KUBELET_OOM for t in ended):
         return OUT_OF_MEMORY, "the kubelet killed the container at its memory limit (OOMKilled)"
     code = next((t.get("exitCode") for t in ended), None)
@@ -61,6 +83,12 @@ def pod_reason(pod: Mapping[str, Any]) -> tuple[str, str]:
     tail = [line.strip() for t in ended for line in (t.get("message") or "").splitlines() if line.strip()]
     said = f": {tail[-1]}" if tail else ""
     return ERROR, (f"exit code {code}" if code is not None else "no exit code") + said
+
+
+def consequential(failure: WorkerFailure) -> bool:
+    """Whether the failure is what a worker reports when a peer broke the group (CONSEQUENTIAL_REASONS, a
+    rendezvous that gave up), rather than a cause of its own."""
+    return failure.reason in CONSEQUENTIAL_REASONS or (failure.reason == ERROR and bool(RENDEZVOUS_ERRORS.search(failure.line)))
 
 
 def explain(pod: Mapping[str, Any], policy: FailurePolicySpec) -> WorkerFailure:

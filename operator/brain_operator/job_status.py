@@ -62,6 +62,16 @@ class LastCheckpoint:
 
 
 @dataclass
+class Incident:
+    """The latest worker failure charged as one incident, with the failures it caused (incidents.py)."""
+
+    reason: str = setting(help="the root cause's reason (out-of-memory, preempted, ...)")
+    pod: str = setting(help="the worker pod whose failure started it")
+    since: str = setting(help="when that pod ended: a pod created before it was in the group it broke")
+    step: Optional[int] = setting(None, minimum=0, help="rank 0's step when it was charged: progress past it ends it")
+
+
+@dataclass
 class JobStatus:
     """Observed state of a BrainTrainingJob, written by the operator."""
 
@@ -70,7 +80,8 @@ class JobStatus:
     workers: Optional[WorkerCounts] = None
     nodes: Optional[str] = setting(None, help="ready/desired workers, for the Nodes column")
     selector: Optional[str] = setting(None, help="label selector of the worker pods (scale subresource)")
-    restarts: int = setting(0, minimum=0, help="worker pods replaced after failures; never decreases")
+    restarts: int = setting(0, minimum=0, help="incidents counted against runPolicy.backoffLimit (one per failure that "
+                            "broke the worker group, whatever it took down with it); never decreases")
     in_pod_restarts: int = setting(
         0, minimum=0, help="worker-group restarts torchrun made inside rank 0's pod (elastic.maxRestarts), from rank 0's "
         "progress document; never decreases"
@@ -85,6 +96,9 @@ class JobStatus:
     )
     handled_failures: Optional[list[str]] = setting(
         None, help="uids of the failed worker pods already counted (or retried free), while those pods exist"
+    )
+    incident: Optional[Incident] = setting(
+        None, help="the latest incident: later exits of the pods it broke are its consequences, not counted again"
     )
     strategy: Optional[str] = setting(None, help="the parallelism strategy as resolved")
     effective_batch_size: Optional[int] = setting(None, minimum=1, help="sequences per optimizer step")

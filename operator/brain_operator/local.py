@@ -62,9 +62,6 @@ __all__ = ["newest_committed", "planner", "request_checkpoint", "run_job", "runn
 
 # How often the runner looks at its processes and the progress document.
 POLL_SECONDS = 0.2
-# How long the trainers get to commit a checkpoint after SIGTERM before the
-# runner kills them (torchrun gives its workers 30 s).
-STOP_GRACE_SECONDS = 60.0
 # The progress document's time has whole seconds.
 STALL_SLACK_SECONDS = 1.0
 # Where `braintrain run` keeps persistent volume claims unless told (docs: local_plan).
@@ -295,7 +292,7 @@ class _Runner:
                         self.display.note("stopping: the trainers commit a checkpoint first")
                     group.terminate()
                 if all(c is not None for c in codes) or (
-                    ending_since is not None and (self.hurry or time.monotonic() - ending_since > STOP_GRACE_SECONDS)
+                    ending_since is not None and (self.hurry or time.monotonic() - ending_since > plan.grace_seconds)
                 ):
                     break
                 self.wake.wait(POLL_SECONDS)

@@ -45,6 +45,7 @@ from brain_trainer.contract import (
     lease_holder,
 )
 
+from .grace import termination_grace_seconds
 from .names import workers_service_name
 from .render.workers import (
     CHECKPOINT_VOLUME,
@@ -56,6 +57,8 @@ from .render.workers import (
     RDZV_ENDPOINT_ENV,
     Worker,
     elastic_workers,
+    rdzv_conf,
+    rendezvous_timeouts,
 )
 from .spec import Job, trainer_config
 from .spec.owned import CONFIG_VOLUME
@@ -110,6 +113,8 @@ class LocalPlan:
     dirs: list[Path]
     workers: list[LocalWorker]
     rendezvous: Path  # the attempt's file store
+    # SIGTERM to SIGKILL when the runner stops a group, as the kubelet gives a pod its terminationGracePeriodSeconds.
+    grace_seconds: int
 
 
 def _below(value: str, mount: str) -> Optional[str]:
@@ -233,7 +238,7 @@ def plan_local(
         mounts = {v.mount_path: folders[v.name] for v in worker.container.volumes}
         env = {name: _rewrite_host(rewrite_path(value, mounts), hosts) for name, value in worker.container.env}
         env[RDZV_ENDPOINT_ENV] = str(rendezvous)
-        env[RDZV_CONF_ENV] = "store_type=file"
+        env[RDZV_CONF_ENV] = rdzv_conf({"store_type": "file", **rendezvous_timeouts(job)})
         # The address this agent advertises to the others (the pod IP in a cluster).
         env[LOCAL_ADDR_ENV] = LOOPBACK
         env[PROGRESS_FILE_ENV] = str(progress_file)
@@ -263,6 +268,7 @@ def plan_local(
         dirs=sorted({*shared.values(), workdir / "termination", rendezvous.parent}),
         workers=local_workers,
         rendezvous=rendezvous,
+        grace_seconds=termination_grace_seconds(job),
     )
 
 

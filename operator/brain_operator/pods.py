@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Mapping, Optional
 
-from brain_trainer.contract import PREEMPTED, PREEMPTED_MESSAGE
+from brain_trainer.contract import PREEMPTED, PREEMPTED_MESSAGE, parse_time
 
 from .names import REPLICA_INDEX_LABEL
 from .schedulers import gated_by_kueue
@@ -14,6 +15,11 @@ PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed
 
 # Pod status reasons the kubelet or scheduler sets when it, not the trainer, ended the pod.
 DISRUPTION_REASONS = ("Evicted", "Preempted", "Preempting")
+# The condition Kubernetes puts on a pod it is about to delete or stop for a disruption (PreemptionByScheduler,
+# EvictionByEvictionAPI, DeletionByTaintManager, TerminationByKubelet, ...: kubernetes pkg/apis/core/types.go);
+# the Job controller does not count such a pod against its backoffLimit under a podFailurePolicy that says so
+# (pkg/controller/job).
+DISRUPTION_TARGET = "DisruptionTarget"
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,27 @@ def terminated_states(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [t for t in states if t]
 
 
+def ended_at(pod: Mapping[str, Any]) -> Optional[datetime]:
+    """When the pod ended: its containers' latest `finishedAt`, else (deleted while it ran) when its
+    DisruptionTarget condition was set; None when it says neither in a form we read."""
+    finished = [_time(t.get("finishedAt")) for t in terminated_states(pod)]
+    known = [t for t in finished if t is not None]
+    if known:
+        return max(known)
+    return _time((true_condition(pod.get("status") or {}, DISRUPTION_TARGET) or {}).get("lastTransitionTime"))
+
+
+def created_at(pod: Mapping[str, Any]) -> Optional[datetime]:
+    return _time((pod.get("metadata") or {}).get("creationTimestamp"))
+
+
+def _time(text: Any) -> Optional[datetime]:
+    try:
+        return parse_time(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
 def pod_view(pod: Mapping[str, Any]) -> PodView:
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
@@ -73,7 +100,7 @@ def is_disruption(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     if status.get("reason") in DISRUPTION_REASONS:
         return True
-    if true_condition(status, "DisruptionTarget") is not None:
+    if true_condition(status, DISRUPTION_TARGET) is not None:
         return True
     return any(
         t.get("exitCode") == PREEMPTED or PREEMPTED_MESSAGE in (t.get("message") or "") for t in terminated_states(pod)

@@ -30,22 +30,24 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Seque
 from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
-from .accounting import still_handled, unhandled
+from .accounting import pod_uid, still_handled, unhandled
 from .cluster import ClusterClient, Conflict, ObjectRef, Refused
 from .discovery import ServedApis, missing
-from .events import NORMAL, WARNING, Event, compute_events, in_pod_restart_event, refusal_event
+from .events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, refusal_event,
+                     worker_exit_event)
 from .failure_policy import WorkerFailure, consequence, explain, first_cause
+from .incidents import ROOT, Exit, Verdict, judge, still_open
 from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
 from .logs import job_logger
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
 from .on_demand import answered_events, request_events
 from .stalled import stalled_status
-from .pods import PodView, pod_view
+from .pods import PENDING, PodView, created_at, ended_at, is_disruption, pod_view
 from .progress import progress_status, reports_progress
 from .render import checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
 from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
-from .spec.model import FAIL_JOB, RESTART, RETAIN
+from .spec.model import FAIL_JOB, RETAIN
 from .status import (
     BACKEND_UNAVAILABLE,
     BACKOFF_LIMIT_EXCEEDED,
@@ -357,6 +359,13 @@ def _plan_elastic(
     terminal = is_terminal(before)
     failed_now = [existing[ref] for ref, p in live.items() if p.phase == FAILED]
     new = {ObjectRef.of(pod) for pod in unhandled(failed_now, before.handled_failures or ())}
+    # A pod deleted for a disruption while it still runs (a lost node, an eviction, a preemption) is never Failed
+    # here: its DisruptionTarget is what says it ended.
+    handled = set(before.handled_failures or ())
+    disrupted = [ref for ref, p in pods.items() if ref not in live and not p.finished and is_disruption(existing[ref])
+                 and pod_uid(existing[ref]) not in handled]
+    verdicts: dict[ObjectRef, Verdict] = {}
+    incident = before.incident
     if terminal:
         # Stop what still runs (a failed job's siblings); after the TTL, remove every pod.
         expired = _ttl_expired(before, policy.ttl_seconds_after_finished, now)
@@ -369,12 +378,21 @@ def _plan_elastic(
         failure = _deadline_failure(clock_start(before, job.created), policy.active_deadline_seconds, now)
         # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
         fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in live.items() if p.phase == FAILED}
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, regroup)
+        fates.update({ref: explain(existing[ref], policy.failure_policy) for ref in disrupted})
+        # Which of the new exits start an incident, and which follow one (incidents.py).
+        judged = [ref for ref in fates if ref in new or ref in disrupted]
+        step = before.progress.step if before.progress is not None else None
+        found, incident = judge([_exit(existing[ref], fates[ref], now) for ref in judged],
+                                still_open(before.incident, step), _blocked(wanted, pods, existing), step)
+        verdicts = dict(zip(judged, found))
+        incident = incident or before.incident
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, verdicts, regroup)
     creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
 
     gone = set(pod_plan.deletes)
     # A failed pod is reported once: when it is replaced, or when it ends the job.
     reported = [existing[ref] for ref in live if not terminal and ref in new and (ref in gone or pod_plan.failure)]
+    reported += [existing[ref] for ref in disrupted if ref in verdicts]
     seen = Observation(
         generation=job.generation,
         desired=spec.nodes,
@@ -392,6 +410,7 @@ def _plan_elastic(
         handled_failures=still_handled(before.handled_failures or (), [existing[ref] for ref in pods], reported),
         waiting=None if terminal else waiting([existing[ref] for ref in pods if ref not in gone], now),
         created=job.created,
+        incident=incident,
     )
     status = elastic_status(before, seen, now)
     return Plan(
@@ -399,8 +418,44 @@ def _plan_elastic(
         creates=tuple(creates),
         deletes=tuple(pod_plan.deletes),
         patches=() if terminal else tuple(_config_patches(desired, existing)),
-        events=tuple(compute_events(before, status, reported, policy.failure_policy)),
+        events=tuple(_exit_events(before, status, reported, verdicts, policy.failure_policy)),
     )
+
+
+def _exit(pod: Mapping[str, Any], failure: WorkerFailure, now: datetime) -> Exit:
+    return Exit(failure, created_at(pod), ended_at(pod) or now)
+
+
+def _blocked(wanted: Mapping[ObjectRef, Any], pods: Mapping[ObjectRef, PodView],
+             existing: Mapping[ObjectRef, Mapping[str, Any]]) -> dict[str, str]:
+    """The job's worker pods a peer would wait for in vain (name -> why): Pending, Terminating, disrupted, or
+    wanted and missing."""
+    out = {ref.name: "missing" for ref in wanted if ref not in pods}
+    for ref, p in pods.items():
+        if p.terminating:
+            out[p.name] = "Terminating"
+        elif p.phase == PENDING:
+            out[p.name] = PENDING
+        elif not p.finished and is_disruption(existing[ref]):
+            out[p.name] = "disrupted"
+    return out
+
+
+def _exit_events(before: JobStatus, status: JobStatus, reported: Sequence[Mapping[str, Any]],
+                 verdicts: Mapping[ObjectRef, Verdict], policy: Any) -> list[Event]:
+    """WorkerFailed for each incident's root (the events count incidents, as `restarts` does), a Normal
+    WorkerExited for each exit that followed one or waited on a peer; then the status's own events."""
+    roots = [pod for pod in reported if _role(verdicts, pod) == ROOT]
+    followers = [worker_exit_event(pod, policy, verdicts[ObjectRef.of(pod)].why) for pod in reported
+                 if _role(verdicts, pod) not in (None, ROOT)]
+    events = compute_events(before, status, roots, policy)
+    return [*events[:len(roots)], *followers, *events[len(roots):]]
+
+
+def _role(verdicts: Mapping[ObjectRef, Verdict], pod: Mapping[str, Any]) -> Optional[str]:
+    """A reported pod's verdict; one an earlier pass judged (its delete failed) is a root as it was then."""
+    verdict = verdicts.get(ObjectRef.of(pod))
+    return verdict.role if verdict is not None else ROOT
 
 
 def _plan_pods(
@@ -412,6 +467,7 @@ def _plan_pods(
     failure: Optional[Failure],
     fates: Mapping[ObjectRef, WorkerFailure],
     new: Collection[ObjectRef],
+    verdicts: Mapping[ObjectRef, Verdict],
     regroup: Sequence[ObjectRef] = (),
 ) -> _PodPlan:
     """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes.
@@ -427,8 +483,9 @@ def _plan_pods(
     surplus = [ref for ref in live if ref not in wanted or ref in regroup]
     failed = [ref for ref, p in live.items() if ref in wanted and p.phase == FAILED]
     handling = [fates[ref] for ref in failed if ref in new]
-    counted = [ref for ref in failed if ref in new and fates[ref].action == RESTART]
-    cause = first_cause(handling)
+    counted = [ref for ref in failed if ref in new and verdicts[ref].charged]
+    # The cause named in status: this pass's root causes (a disrupted pod's included), else what its exits followed.
+    cause = first_cause([v.exit.failure for v in verdicts.values() if v.role == ROOT]) or first_cause(handling)
     fatal = first_cause([f for f in handling if f.action == FAIL_JOB])
     if failure is None and fatal is not None:
         failure = Failure(fatal.condition_reason, f"worker pod {fatal.text()}; {consequence(fatal)}")

@@ -31,6 +31,7 @@ from .job_status import (
     VALID,
     WORKERS_READY,
     Condition,
+    Incident,
     JobStatus,
     WorkerCounts,
 )
@@ -119,6 +120,8 @@ class Observation:
     waiting: Optional[Waiting] = None
     # The job's metadata.creationTimestamp: its deadline clock's start.
     created: Optional[str] = None
+    # The latest incident (incidents.py), recorded in status.incident.
+    incident: Optional[Incident] = None
 
 
 def is_terminal(previous: JobStatus) -> bool:
@@ -180,6 +183,8 @@ def elastic_status(before: JobStatus, seen: Observation, now: datetime) -> JobSt
         out = replace(out, reason=_reason(before, seen))
     if seen.handled_failures is not None:
         out = replace(out, handled_failures=list(seen.handled_failures) or None)
+    if seen.incident is not None:
+        out = replace(out, incident=seen.incident)
     if not is_terminal(before):
         conditions = _conditions(before, phase, reason, message, now, valid=_VALID)
         out = _moved(out, before, phase, [*conditions, _workers_ready(before, phase, workers, seen.waiting, now)], now,

@@ -174,6 +174,8 @@ class FakeCluster:
             self._kueue_webhook(stored)
         stored["metadata"].setdefault("uid", f"uid-{next(self._uids)}")
         stored["metadata"].setdefault("generation", 1)
+        # As for a job (apply_job): the API server stamps every object it creates.
+        stored["metadata"].setdefault("creationTimestamp", format_time(self.now))
         if ref.kind == "Pod":
             stored.setdefault("status", {"phase": "Pending"})
         self.objects[ref] = stored
@@ -285,7 +287,9 @@ class FakeCluster:
         self.objects[ObjectRef("v1", "Pod", namespace, name)]["spec"]["nodeName"] = node
 
     def exit_pod(self, name: str, code: int, *, namespace: str = "default", message: str = "") -> None:
-        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}
+        # The kubelet records when the container ended (pkg/kubelet/kuberuntime, toKubeContainerStatus FinishedAt).
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message,
+                      "finishedAt": format_time(self.now)}
         self.set_pod(
             name, "Succeeded" if code == 0 else "Failed", namespace=namespace,
             containerStatuses=[{"name": "trainer", "state": {"terminated": terminated}}],
@@ -360,7 +364,8 @@ class FakeCluster:
             if pod["spec"].get("nodeName") == node and not pod["metadata"].get("deletionTimestamp"):
                 pod["status"].setdefault("conditions", []).append(
                     {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
-                     "message": "Taint manager: deleting due to NoExecute taint"})
+                     "message": "Taint manager: deleting due to NoExecute taint",
+                     "lastTransitionTime": format_time(self.now)})
                 self._mark_deleted(pod)
 
     def forget_pending_deletions(self) -> None:

@@ -54,7 +54,7 @@ def test_the_rendezvous_is_the_attempts_file_store_under_the_jobs_run_id():
     env0, env1 = (w.env for w in p.workers)
     # No port that another run could take between its choice and pod 0's bind, and a store no other run shares.
     assert env0["PET_RDZV_ENDPOINT"] == env1["PET_RDZV_ENDPOINT"] == str(RENDEZVOUS) == str(p.rendezvous)
-    assert env0["PET_RDZV_CONF"] == env1["PET_RDZV_CONF"] == "store_type=file"
+    assert env0["PET_RDZV_CONF"] == env1["PET_RDZV_CONF"] == "store_type=file,join_timeout=1800,read_timeout=1800"
     # The job's run id, as in a cluster (its uid there): the goodput ledger's account across the run's restarts.
     assert env0["PET_RDZV_ID"] == env1["PET_RDZV_ID"] == "local-minimal"
     assert env0["PET_LOCAL_ADDR"] == "127.0.0.1"

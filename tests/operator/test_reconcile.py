@@ -380,7 +380,10 @@ def test_the_cause_is_named_not_the_peer_it_took_down(cluster):
     fail_worker(cluster, "out-of-memory", "MemoryError on rank 1", pod="j-worker-1")
     status = step(cluster)
     assert status["reason"] == "out-of-memory" and condition(status, "Restarting")["reason"] == "OutOfMemory"
-    assert status["restarts"] == 2  # both count: each failed pod is a restart
+    # One incident, one count: the peer's broken collective followed the out-of-memory.
+    assert status["restarts"] == 1 and status["incident"]["pod"] == "j-worker-1"
+    kinds = [(e.type, e.reason) for _, e in cluster.events if e.reason in ("WorkerFailed", "WorkerExited")]
+    assert kinds == [("Warning", "WorkerFailed"), ("Normal", "WorkerExited")]
 
 
 def test_a_spent_budget_names_the_reasons(cluster):

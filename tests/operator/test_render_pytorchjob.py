@@ -69,7 +69,8 @@ def test_fixed_size_job_is_master_plus_workers():
         assert c.command == ["torchrun"] and c.args == ["-m", "brain_trainer", "--config", "/etc/brain/trainer.yaml"]
         env = {e.name: e.value for e in c.env}
         assert env["NCCL_DEBUG"] == "WARN" and env["PYTHONUNBUFFERED"] == "1"
-        assert not any(name.startswith("PET_") for name in env)  # the training operator sets those
+        # The training operator sets torchrun's other variables; it has none for the shutdown timeout.
+        assert [name for name in env if name.startswith("PET_")] == ["PET_SHUTDOWN_TIMEOUT"]
         assert pod.automount_service_account_token is False
         assert c.security_context.allow_privilege_escalation is False
         assert {v.name for v in pod.volumes} == {"config", "dshm", "checkpoints"}
@@ -81,6 +82,8 @@ def test_elastic_job_carries_an_elastic_policy():
     model = deserialize(pytorchjob(objects))
     policy = model.spec.elastic_policy
     assert (policy.min_replicas, policy.max_replicas, policy.rdzv_backend, policy.max_restarts) == (1, 4, "c10d", 9)
+    # A late worker 0 keeps the others waiting as long as a start may take (watchdog.startupSeconds).
+    assert {(c.key, c.value) for c in policy.rdzv_conf} == {("join_timeout", "1800"), ("read_timeout", "1800")}
     # Kubeflow's elastic jobs are Workers only: the rendezvous is worker 0 and the range counts Workers.
     assert set(model.spec.pytorch_replica_specs) == {"Worker"}
     assert model.spec.pytorch_replica_specs["Worker"].replicas == 2

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from brain_trainer.contract import CHECKPOINT_REQUEST_FILE, CONFIG_FILE, METRICS_PATH, METRICS_PORT
 
+from ..grace import termination_grace_seconds
 from ..names import CONFIG_HASH_ANNOTATION, JOB_NAME_LABEL, MANAGED_BY, config_map_name, label_selector
 from ..schedulers import QUEUE_LABEL
 from ..spec import API_VERSION, KIND, Job, trainer_config
@@ -21,7 +22,6 @@ from .workers import (
     CONFIG_MAP,
     MEMORY,
     OVERLAY,
-    TERMINATION_GRACE_SECONDS,
     Container,
     Volume,
     checkpoint_claim_name,
@@ -196,7 +196,7 @@ def pod_spec(job: Job, container_name: str, planned: Container, restart_policy: 
         "restartPolicy": restart_policy,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": termination_grace_seconds(job),
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_USER,

@@ -25,7 +25,7 @@ from .common import (
 )
 from .network import build_network_policy
 from .overlay import with_labels
-from .workers import trainer_container
+from .workers import rendezvous_timeouts, trainer_container
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -74,6 +74,8 @@ def build_pytorchjob(job: Job) -> dict[str, Any]:
             "maxReplicas": high,
             "rdzvBackend": "c10d",
             "maxRestarts": spec.elastic.max_restarts,
+            # Kubeflow passes these to torchrun as PET_RDZV_CONF (render/workers.py says why they are long).
+            "rdzvConf": [{"key": key, "value": value} for key, value in rendezvous_timeouts(job).items()],
         }
         body["pytorchReplicaSpecs"] = {"Worker": _replica(job, spec.nodes)}
     else:

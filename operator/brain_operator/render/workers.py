@@ -7,6 +7,7 @@ executes what the cluster would (docs/architecture.md, "Worker plan").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -22,6 +23,7 @@ from brain_trainer.contract import (
     trainer_args,
 )
 
+from ..grace import shutdown_timeout_seconds, termination_grace_seconds
 from ..names import config_map_name, template_claim_name, worker_pod_name, workers_service_name
 from ..spec import Job, node_range
 from ..spec.environment import PYTHONUNBUFFERED, SHARE_RDZV_STORE
@@ -44,12 +46,9 @@ COMMAND = ("torchrun",)
 RDZV_ENDPOINT_ENV = "PET_RDZV_ENDPOINT"
 RDZV_CONF_ENV = "PET_RDZV_CONF"
 LOCAL_ADDR_ENV = "PET_LOCAL_ADDR"
-
-# SIGTERM makes the trainer commit a checkpoint before exiting; a 7B sharded save needs minutes.
-TERMINATION_GRACE_SECONDS = 300
-# torchrun forwards SIGTERM to its workers and SIGKILLs them after this long (its
-# default, 30 s, is too short for a save); the margin lets torchrun itself exit.
-SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - 30
+# torchrun forwards SIGTERM to its workers and SIGKILLs them after this long (its default, 30 s, is too short for
+# a save): grace.shutdown_timeout_seconds.
+SHUTDOWN_TIMEOUT_ENV = "PET_SHUTDOWN_TIMEOUT"
 
 # Volume kinds; OVERLAY is a volume of spec.podTemplate, which the plan only mounts.
 CONFIG_MAP, CLAIM, SCRATCH, MEMORY, OVERLAY = "configMap", "claim", "scratch", "memory", "overlay"
@@ -125,8 +124,8 @@ def volumes(job: Job) -> tuple[Volume, ...]:
 
 def trainer_container(job: Job, launch_env: tuple[tuple[str, str], ...] = (), ports: tuple[Port, ...] = ()) -> Container:
     """torchrun starting the trainer on the mounted trainer.yaml; `launch_env` first, then NCCL's."""
-    env = (*launch_env, *job.spec.nccl.variables(), (PYTHONUNBUFFERED, "1"), (FAIL_FAST_ENV, fail_fast_reasons(job)),
-           *lease_env(job))
+    env = (*launch_env, (SHUTDOWN_TIMEOUT_ENV, str(shutdown_timeout_seconds(termination_grace_seconds(job)))),
+           *job.spec.nccl.variables(), (PYTHONUNBUFFERED, "1"), (FAIL_FAST_ENV, fail_fast_reasons(job)), *lease_env(job))
     return Container(
         command=COMMAND,
         args=tuple(trainer_args(CONFIG_PATH)),
@@ -159,6 +158,30 @@ def run_id(job: Job) -> str:
     return job.uid or job.name
 
 
+def rendezvous_timeout_seconds(job: Job) -> int:
+    """How long a worker waits for the rendezvous: for the others to join, and for worker 0's store.
+
+    As long as a start may take (watchdog.startupSeconds): a worker 0 that is
+    scheduled, pulls its image or restores later than the others keeps them
+    waiting, not failing. torch's defaults (dynamic_rendezvous.py: join 600 s;
+    c10d_rendezvous_backend.py: the store's read timeout, 60 s, which also
+    bounds connecting to worker 0, DNS included) fail the others after a minute.
+    """
+    return math.ceil(job.spec.watchdog.startup_seconds)
+
+
+def rendezvous_timeouts(job: Job) -> dict[str, str]:
+    """torchrun's --rdzv-conf timeouts (torch 2.13's option names): join_timeout, and read_timeout, the c10d
+    store's timeout for connecting and for each operation (a file store, the local runner's, has none)."""
+    seconds = str(rendezvous_timeout_seconds(job))
+    return {"join_timeout": seconds, "read_timeout": seconds}
+
+
+def rdzv_conf(options: dict[str, str]) -> str:
+    """--rdzv-conf's text: key=value pairs, comma-separated."""
+    return ",".join(f"{key}={value}" for key, value in options.items())
+
+
 def torchrun_env(job: Job, index: int) -> tuple[tuple[str, str], ...]:
     """torchrun's PET_* settings; pod 0 hosts the c10d store, said explicitly rather than by hostname matching."""
     spec = job.spec
@@ -170,8 +193,7 @@ def torchrun_env(job: Job, index: int) -> tuple[tuple[str, str], ...]:
         (RDZV_ENDPOINT_ENV, rendezvous_endpoint(job)),
         ("PET_RDZV_ID", run_id(job)),
         ("PET_MAX_RESTARTS", str(spec.elastic.max_restarts)),
-        (RDZV_CONF_ENV, f"is_host={1 if index == 0 else 0}"),
-        ("PET_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_SECONDS)),
+        (RDZV_CONF_ENV, rdzv_conf({"is_host": str(1 if index == 0 else 0), **rendezvous_timeouts(job)})),
         (SHARE_RDZV_STORE, "1"),
     )
 

@@ -250,6 +250,11 @@ class RunPolicySpec:
         None, minimum=0, help="delete the workers this long after the job finished; the job and its status stay"
     )
     suspend: bool = setting(False, help="delete the pods and keep the job")
+    termination_grace_period_seconds: Optional[int] = setting(
+        None, minimum=1, help="seconds a stopped worker has to commit a checkpoint before it is killed: the pods' "
+        "terminationGracePeriodSeconds (torchrun's shutdown timeout ends 30 s earlier); default: the planned "
+        "checkpoint save's time, at least 300"
+    )
     failure_policy: FailurePolicySpec = field(default_factory=FailurePolicySpec)
 
 
