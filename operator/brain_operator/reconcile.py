@@ -61,6 +61,7 @@ from .status import (
     refused_status,
 )
 from .storage import StorageTooSmall, check_storage, unchecked_claim_event
+from .vocabulary import assumed
 
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")
@@ -126,7 +127,7 @@ def _reconcile_once(
     previous = manifest.get("status") or {}
     try:
         job = parse_job(manifest, defaults=defaults)
-        check_storage(job)
+        check_storage(job, assumed(job, "the operator does not read the data volume"))
         desired = render(job)
     except StorageTooSmall as err:
         the_plan = plan_invalid(manifest, _errors(err), now, CHECKPOINT_STORAGE_TOO_SMALL)

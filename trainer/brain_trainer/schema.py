@@ -51,6 +51,7 @@ __all__ = [
     "key_for",
     "in_view",
     "camel",
+    "spelling",
     "is_int_or_string",
     "quoted",
 ]
@@ -309,6 +310,11 @@ def _field_key(cls: type, dotted: str, camel_case: bool) -> str:
         tp, _ = _unwrap_optional(_hints(current)[f.name])
         current = tp if dataclasses.is_dataclass(tp) else None
     return ".".join(out)
+
+
+def spelling(cls: type, *, camel_case: bool, prefix: str = "") -> Names:
+    """The Names that spell a dotted snake_case path below `cls` as a view's reader wrote it, after `prefix`."""
+    return lambda dotted: prefix + _field_key(cls, dotted, camel_case)
 
 
 def from_dict(cls: type, data: Any, *, path: str = "", camel_case: bool = False) -> Any:
