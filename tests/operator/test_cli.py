@@ -68,6 +68,10 @@ def test_render_prints_exactly_what_reconcile_creates(example, backend, tmp_path
     assert sorted(rendered, key=key) == sorted(created_by_reconcile(cluster, stored), key=key)
     kinds = {o["kind"] for o in rendered}
     assert ("Pod" in kinds) == (backend == "elastic") and ("PyTorchJob" in kinds) == (backend == "pytorchjob")
+    # the ConfigMap's trainer.yaml reads as the file it is: a literal block, line for line
+    (config,) = (o for o in rendered if o["kind"] == "ConfigMap")
+    block = "".join(f"    {line}\n" for line in config["data"]["trainer.yaml"].splitlines())
+    assert f"data:\n  trainer.yaml: |\n{block}" in out
 
 
 BAD = {
