@@ -21,7 +21,6 @@ from typing import Iterator, Optional
 from brain_trainer.parallel.memory import (
     GIB,
     HostPlan,
-    InsufficientMemoryError,
     MemoryPlan,
     first_fit,
     plan_host_memory,
@@ -41,16 +40,16 @@ __all__ = ["DEFAULT_DEVICE_MEMORY_GIB", "estimate_lines", "host_plan", "quantity
 # An 80 GB accelerator (A100/H100 80GB) when the user does not say.
 DEFAULT_DEVICE_MEMORY_GIB = 80.0
 MEMORY_REQUEST = "spec.resources.requests.memory"
-# The planner names the trainer's keys (training.micro_batch_size); a manifest's reader knows spec.training.microBatchSize.
+# The planner names the trainer's keys (training.micro_batch_size); estimate's reader wrote a manifest
+# (spec.training.microBatchSize).
 MANIFEST_NAMES = spelling(JobSpec, camel_case=True, prefix="spec.")
 
 
 @contextmanager
 def _manifest_spelling() -> Iterator[None]:
+    """The planner's input errors with their fields spelled as the manifest spells them."""
     try:
         yield
-    except InsufficientMemoryError:
-        raise  # spelled by first_fit's name
     except ConfigError as exc:
         raise ConfigError([FieldError(MANIFEST_NAMES(e.path), e.message) for e in exc.errors]) from None
 

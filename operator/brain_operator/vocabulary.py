@@ -20,11 +20,13 @@ from typing import Optional
 from brain_trainer.config.presets import preset_config
 from brain_trainer.data.errors import DataError
 from brain_trainer.data.tokens.format import read_manifest
+from brain_trainer.schema import quoted
 
 from .local_plan import localize, rewrite_path
 from .spec import Job
 
 VOCAB_SIZE_FIELD = "spec.model.vocabSize"
+PROBLEM_LIMIT = 200  # characters of each place's problem that the text quotes: data.path may be very long
 
 
 @dataclass(frozen=True)
@@ -84,10 +86,17 @@ def job_vocabulary(job: Job, *, base_dir: Optional[Path] = None, claims: Optiona
         try:
             size = read_manifest(folder).tokenizer.vocab_size
         except DataError as exc:
-            problems.append(str(exc))
+            problems.append(_bounded(str(exc)))
+            continue
+        except ValueError:  # a path the OS cannot name (an embedded NUL byte)
+            problems.append(f"{quoted(str(folder))}: not a path")
             continue
         return Vocabulary(size, f"{size:,} ids, the tokenizer of {folder}")
     return assumed(job, f"the dataset is not reachable from here ({'; '.join(problems)})")
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= PROBLEM_LIMIT else f"{text[:PROBLEM_LIMIT]}..."
 
 
 def with_vocabulary(job: Job, vocabulary: Vocabulary) -> Job:

@@ -127,3 +127,12 @@ def test_the_operator_says_it_assumed_the_presets_vocabulary(vocab_size):
     assumed = ("(vocabulary: 256 ids assumed, the preset's: the operator does not read the data volume; "
                "spec.model.vocabSize sets it)")
     assert valid["message"].endswith(assumed) == (vocab_size is None), valid["message"]
+
+
+@pytest.mark.parametrize("path", ["/data/a\x00b", "/data/" + "x" * 5000])
+def test_a_data_path_no_folder_can_have_is_assumed_away_in_a_bounded_line(path):
+    data = manifest()
+    data["spec"]["data"]["path"] = path
+    lines = estimate_lines(parse_job(data, require_image=False))
+    assert lines[1].startswith("vocabulary: 256 ids assumed, the preset's: the dataset is not reachable from here (")
+    assert len(lines[1]) < 600
