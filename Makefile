@@ -2,27 +2,40 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# What each kind of use needs installed: the demo the trainer extra, the tests also the dev extra.
+TRAINER_STAMP := $(VENV)/.installed-trainer
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: setup demo test lint crd images lock kind-e2e clean
+.PHONY: setup demo test lint crd images lock kind-e2e clean distclean
 
-setup: $(STAMP)
+setup: $(DEV_STAMP)
 
 # torch==2.13.0 is pinned in pyproject.toml (the CPU build on this disk).
-$(STAMP): pyproject.toml
+$(TRAINER_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[trainer,dev]'
-	touch $(STAMP)
+	$(PY) -m pip install --quiet -e '.[trainer]'
+	touch $@
 
-# Prepares the standard library's sources with a BPE it trains, then trains and evaluates
+$(DEV_STAMP): $(TRAINER_STAMP)
+	$(PY) -m pip install --quiet -e '.[trainer,dev]'
+	touch $@
+
+# Prepares the standard library's sources with a BPE it trains (once), then trains and evaluates
 # deploy/examples/local-tokens.yaml on this machine: two local worker pods, CPU, gloo.
 # The dataset lands where `braintrain run` mounts the example's data claim (stdlib-tokens).
-DEMO_DATA := runs/claims/stdlib-tokens/stdlib
-demo: $(DEMO_DATA)/manifest.json
-	$(VENV)/bin/braintrain run deploy/examples/local-tokens.yaml
+# Every demo trains from the start in a folder of its own, runs/demo/<time>-XXXX/: its work
+# dir and claims (a fresh checkpoint claim), with the data claim linked to the one prepared.
+DEMO_CLAIM := stdlib-tokens
+DEMO_DATA := runs/claims/$(DEMO_CLAIM)/stdlib
+demo: $(TRAINER_STAMP) $(DEMO_DATA)/manifest.json
+	@mkdir -p runs/demo
+	@run=$$(mktemp -d "runs/demo/$$(date +%Y%m%d-%H%M%S)-XXXX") && mkdir "$$run/claims" && \
+		ln -s "../../../claims/$(DEMO_CLAIM)" "$$run/claims/$(DEMO_CLAIM)" && \
+		echo "make demo: training in $$run" && \
+		$(VENV)/bin/braintrain run deploy/examples/local-tokens.yaml --workdir "$$run/work" --claims "$$run/claims"
 
-$(DEMO_DATA)/manifest.json: $(STAMP)
+$(DEMO_DATA)/manifest.json: $(TRAINER_STAMP)
 	$(VENV)/bin/braintrain prepare "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')/*.py" \
 		--train-tokenizer --vocab-size 4096 --workers 2 --force --out $(DEMO_DATA)
 
@@ -46,5 +59,9 @@ lock:
 kind-e2e:
 	DRY_RUN=$(DRY_RUN) TEARDOWN=$(TEARDOWN) bash deploy/kind/e2e.sh
 
+# clean: what runs and tests wrote (the demo's dataset too); distclean: the venv as well.
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf runs .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV)

@@ -29,6 +29,7 @@ from .spec import JOB_BACKENDS, OperatorDefaults, parse_job
 from .spec.overrides import apply_overrides, as_flags, attribute, parse_overrides
 from .spec.parse import IMAGE_FIELD
 from .storage import check_storage
+from .vocabulary import job_vocabulary
 
 __all__ = ["main"]
 
@@ -89,7 +90,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         job = parse_job(manifest, require_image=not args.local, defaults=OperatorDefaults.from_env())
     except ConfigError as exc:
         raise ConfigError([_ways_to_an_image(e) for e in exc.errors]) from None
-    check_storage(job)
+    check_storage(job, job_vocabulary(job, base_dir=args.file.resolve().parent))
     overridden = f", with {as_flags(o.text for o in args.overrides)}" if args.overrides else ""
     print(f"{args.file}: valid BrainTrainingJob {job.name!r} ({job.spec.nodes} x {job.spec.nproc_per_node} processes"
           f"{overridden})")
@@ -108,8 +109,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from .estimate import estimate_lines
 
     job = parse_job(job_manifest(args), require_image=False, defaults=OperatorDefaults.from_env())
-    check_storage(job)
-    print("\n".join(estimate_lines(job, device_memory_gib=args.device_memory)))
+    # A relative data.path is the manifest folder's, as `braintrain run` reads it.
+    print("\n".join(estimate_lines(job, device_memory_gib=args.device_memory, base_dir=args.file.resolve().parent)))
     return 0
 
 

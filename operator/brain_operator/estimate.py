@@ -7,11 +7,17 @@ memory per rank of the strategy the job will run, with the pod memory request
 that covers it (compared with `spec.resources.requests.memory`), the room
 its checkpoints need (storage.py), and the model FLOPs per token the trainer's
 MFU counts (config/model_flops.py: the formula its FlopCounterMode count equals).
+The preset is sized with the vocabulary the trainer will give it (vocabulary.py):
+a token dataset's tokenizer's where the dataset is reachable from here, and the
+first lines say which one. Errors name fields as the manifest spells them.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
 
 from brain_trainer.config import TrainerConfig
 from brain_trainer.config.model_flops import six_n_flops_per_token, training_flops_per_token
@@ -26,17 +32,30 @@ from brain_trainer.parallel.memory import (
     plan_memory,
     planned_model,
 )
-from brain_trainer.schema import ConfigError, FieldError
+from brain_trainer.schema import ConfigError, FieldError, spelling
 
-from .spec import Job, trainer_config, world_size
+from .spec import Job, JobSpec, trainer_config, world_size
 from .spec.kube import quantity_value
-from .storage import storage_lines
+from .storage import check_storage, storage_lines
+from .vocabulary import job_vocabulary, with_vocabulary
 
 __all__ = ["DEFAULT_DEVICE_MEMORY_GIB", "estimate_lines", "host_plan", "quantity_bytes"]
 
 # An 80 GB accelerator (A100/H100 80GB) when the user does not say.
 DEFAULT_DEVICE_MEMORY_GIB = 80.0
 MEMORY_REQUEST = "spec.resources.requests.memory"
+# The planner names the trainer's keys (training.micro_batch_size); estimate's reader wrote a manifest
+# (spec.training.microBatchSize).
+MANIFEST_NAMES = spelling(JobSpec, camel_case=True, prefix="spec.")
+
+
+@contextmanager
+def _manifest_spelling() -> Iterator[None]:
+    """The planner's input errors with their fields spelled as the manifest spells them."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError([FieldError(MANIFEST_NAMES(e.path), e.message) for e in exc.errors]) from None
 
 
 def quantity_bytes(value: int | str) -> float:
@@ -71,22 +90,23 @@ def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
         activation_checkpointing_every=dist.activation_checkpointing_every,
     )
     asked = None
-    if dist.strategy != "auto":
-        asked = plan_memory(
-            planned_model(cfg.model),
-            "single" if ranks == 1 and dist.strategy == "ddp" else dist.strategy,
-            fsdp_sharding=dist.fsdp_sharding,
-            activation_checkpointing=dist.activation_checkpointing,
-            cpu_offload=dist.cpu_offload,
-            node_size=job.spec.nproc_per_node,
-            **shape,
-        )
-    ladder = plan_ladder(planned_model(cfg.model), activation_checkpointing=dist.activation_checkpointing,
-                         cpu_offload=dist.cpu_offload, **shape)
+    with _manifest_spelling():
+        if dist.strategy != "auto":
+            asked = plan_memory(
+                planned_model(cfg.model),
+                "single" if ranks == 1 and dist.strategy == "ddp" else dist.strategy,
+                fsdp_sharding=dist.fsdp_sharding,
+                activation_checkpointing=dist.activation_checkpointing,
+                cpu_offload=dist.cpu_offload,
+                node_size=job.spec.nproc_per_node,
+                **shape,
+            )
+        ladder = plan_ladder(planned_model(cfg.model), activation_checkpointing=dist.activation_checkpointing,
+                             cpu_offload=dist.cpu_offload, **shape)
     if asked is not None:
         return asked, ladder, asked
     if job.spec.resources.gpus():
-        return None, ladder, first_fit(ladder, memory, planned_model(cfg.model))[1]
+        return None, ladder, first_fit(ladder, memory, planned_model(cfg.model), MANIFEST_NAMES)[1]
     return None, ladder, ladder[0][1]  # auto on CPUs: ddp (single on one rank), as the trainer resolves it
 
 
@@ -129,22 +149,29 @@ def flops_line(cfg: TrainerConfig) -> str:
             f"{cfg.training.seq_len}, forward and backward (6 x parameters: {six_n_flops_per_token(param_count(model)):.3g})")
 
 
-def estimate_lines(job: Job, *, device_memory_gib: float | None = None) -> list[str]:
+def estimate_lines(job: Job, *, device_memory_gib: float | None = None, base_dir: Optional[Path] = None,
+                   claims: Optional[Path] = None) -> list[str]:
+    """The estimate's lines; `base_dir` (the manifest's folder) and `claims` say where to look for a token
+    dataset as `braintrain run` would (vocabulary.job_vocabulary)."""
+    vocabulary = job_vocabulary(job, base_dir=base_dir, claims=claims)
+    check_storage(job, vocabulary)
+    job = with_vocabulary(job, vocabulary)
     cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing
     memory = _device_memory(device_memory_gib)
     asked, ladder, _ = _plans(job, memory)
     dist, training = cfg.distributed, cfg.training
     lines = [
-        f"{job.name}: preset {cfg.model.preset}{_vocabulary(cfg.model.vocab_size)}, {world_size(job.spec)} rank(s) ({job.spec.nodes} node(s) x "
-        f"{job.spec.nproc_per_node}), {dist.mixed_precision_policy}, micro-batch {training.micro_batch_size} x "
-        f"{training.seq_len} tokens, {memory / GIB:g} GiB per device",
+        f"{job.name}: preset {cfg.model.preset}{_vocabulary(cfg.model.vocab_size)}, {world_size(job.spec)} rank(s) "
+        f"({job.spec.nodes} node(s) x {job.spec.nproc_per_node}), {dist.mixed_precision_policy}, micro-batch "
+        f"{training.micro_batch_size} x {training.seq_len} tokens, {memory / GIB:g} GiB per device",
+        *([f"vocabulary: {vocabulary.source}"] if vocabulary.source else []),
         flops_line(cfg),
         "",
     ]
     if asked is not None:
         verdict = "fits" if asked.fits(memory) else f"does NOT fit ({(asked.total - memory) / GIB:.1f} GiB per rank missing)"
         lines += [f"configured (spec.distributed): {verdict}", asked.summary(), ""]
-    choice, plan = first_fit(ladder, memory, planned_model(cfg.model))
+    choice, plan = first_fit(ladder, memory, planned_model(cfg.model), MANIFEST_NAMES)
     lines += [f"strategy: auto picks {choice}", plan.summary(), "", "options tried, cheapest first (device GiB per rank):"]
     for option, tried in ladder:
         mark = "fits" if tried.fits(memory) else "too big"

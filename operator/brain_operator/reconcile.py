@@ -66,6 +66,7 @@ from .status import (
     refused_status,
 )
 from .storage import StorageTooSmall, check_storage, unchecked_claim_event
+from .vocabulary import assumed
 from .waiting import waiting
 
 POD = ("v1", "Pod")
@@ -139,7 +140,7 @@ def _reconcile_once(
     unavailable = None
     try:
         job = parse_job(manifest, defaults=defaults)
-        check_storage(job)
+        check_storage(job, assumed(job, "the operator does not read the data volume"))
         if apis is not None:
             job = replace(job, native_pod_group=apis.native_pod_group() or job.native_pod_group)
             unavailable = missing(job, apis)

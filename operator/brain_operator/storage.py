@@ -1,11 +1,13 @@
-"""Will the checkpoints fit? (pure, torch-free)
+"""Will the checkpoints fit? (pure but for reading a token dataset's vocabulary; torch-free)
 
 A checkpoint's size comes from the memory planner's byte counts
 (`brain_trainer.parallel.memory.preset_checkpoint_bytes`: fp32 parameters, AdamW's two
 moments, the extra state). The checkpoint volume must hold `keepLast`
 committed checkpoints and the one being written: `(keepLast + 1) x` that
 size. `braintrain validate`, `braintrain estimate` and the operator refuse a
-`volumeClaimTemplate` smaller than that; a `claimName`'s size is known only
+`volumeClaimTemplate` smaller than that, with the vocabulary the trainer will
+give the preset (vocabulary.py: a token dataset's tokenizer's where this
+machine reaches the dataset, said as assumed where not); a `claimName`'s size is known only
 to the cluster, so the operator warns in an event; `braintrain run` checks
 that its checkpoint folder has room for the next checkpoint before it starts,
 as the trainer does before each save (docs/checkpoints.md, "Room for
@@ -22,6 +24,7 @@ from brain_trainer.schema import ConfigError, FieldError
 from .events import WARNING, Event
 from .spec import Job
 from .spec.kube import quantity_value
+from .vocabulary import Vocabulary, job_vocabulary, with_vocabulary
 
 TEMPLATE_STORAGE = "spec.checkpoint.volumeClaimTemplate.storage"
 
@@ -51,15 +54,23 @@ def _room_text(needed: int, size: int, keep_last: int) -> str:
     return f"(checkpoint.keepLast {keep_last} + 1) x {size_text(size)} per checkpoint = {size_text(needed)}"
 
 
-def check_storage(job: Job) -> None:
-    """Raise StorageTooSmall when the volumeClaimTemplate is smaller than the checkpoints need."""
-    template, room = job.spec.checkpoint.volume_claim_template, room_needed(job)
-    if template is None or room is None:
+def check_storage(job: Job, vocabulary: Optional[Vocabulary] = None) -> None:
+    """Raise StorageTooSmall when the volumeClaimTemplate is smaller than the checkpoints need.
+
+    `vocabulary`: the model's; unless given, found from here (vocabulary.job_vocabulary reads the dataset).
+    """
+    template = job.spec.checkpoint.volume_claim_template
+    if template is None:
+        return
+    vocabulary = vocabulary or job_vocabulary(job)
+    room = room_needed(with_vocabulary(job, vocabulary))
+    if room is None:
         return
     storage = quantity_value(template.storage) or 0.0
     if storage < room[0]:
         have = f"{template.storage} ({size_text(storage)})"
-        raise StorageTooSmall([FieldError(TEMPLATE_STORAGE, f"{have} cannot hold {_room_text(*room, job.spec.checkpoint.keep_last)}")])
+        why = f" (vocabulary: {vocabulary.source})" if vocabulary.source else ""
+        raise StorageTooSmall([FieldError(TEMPLATE_STORAGE, f"{have} cannot hold {_room_text(*room, job.spec.checkpoint.keep_last)}{why}")])
 
 
 def storage_lines(job: Job) -> list[str]:

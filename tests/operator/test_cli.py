@@ -68,6 +68,10 @@ def test_render_prints_exactly_what_reconcile_creates(example, backend, tmp_path
     assert sorted(rendered, key=key) == sorted(created_by_reconcile(cluster, stored), key=key)
     kinds = {o["kind"] for o in rendered}
     assert ("Pod" in kinds) == (backend == "elastic") and ("PyTorchJob" in kinds) == (backend == "pytorchjob")
+    # the ConfigMap's trainer.yaml reads as the file it is: a literal block, line for line
+    (config,) = (o for o in rendered if o["kind"] == "ConfigMap")
+    block = "".join(f"    {line}\n" for line in config["data"]["trainer.yaml"].splitlines())
+    assert f"data:\n  trainer.yaml: |\n{block}" in out
 
 
 BAD = {
@@ -284,7 +288,19 @@ def test_estimate_of_a_model_that_fits_nowhere_is_one_clear_line(tmp_path, capsy
     code, _, err = run_cli(capsys, "estimate", path, "--device-memory", "1")
     assert code == 1
     assert len(err.splitlines()) == 1
-    assert f"{path}: distributed.strategy: auto:" in err and "does not fit in 1.0 GiB per rank" in err
+    assert f"{path}: spec.distributed.strategy: auto:" in err and "does not fit in 1.0 GiB per rank" in err
+    assert err.rstrip().endswith("(add ranks, or lower spec.training.microBatchSize or spec.training.seqLen)")
+
+
+def test_estimate_names_a_planner_rule_as_the_manifest_spells_it(tmp_path, capsys):
+    data = yaml.safe_load(GPU_7B.read_text())
+    data["spec"]["distributed"] = {"strategy": "fsdp", "fsdpSharding": "shard_grad_op", "cpuOffload": True}
+    path = tmp_path / "offload.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, _, err = run_cli(capsys, "estimate", path)
+    assert code == 1
+    assert err.splitlines() == [f"{path}: spec.distributed.cpuOffload: is planned for fsdp full_shard or hybrid_shard "
+                                "only, got fsdp shard_grad_op"]
 
 
 @pytest.mark.parametrize("gib", ["0", "-1", "nan", "inf"])

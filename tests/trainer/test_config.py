@@ -1,7 +1,7 @@
 """The typed configuration mechanism and the trainer's config tree (torch-free)."""
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import pytest
@@ -128,6 +128,39 @@ def test_camel_case_paths_schema_and_round_trip():
     assert schema["required"] == ["imageName"]
     assert schema["properties"]["innerThing"]["properties"]["size"] == {"type": "integer", "minimum": 1}
     assert schema["properties"]["extra"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_trainer_yaml_takes_the_manifests_camel_case_keys_for_the_same_fields():
+    config = TrainerConfig.from_dict({
+        "training": {"steps": 50, "micro_batch_size": 4, "global_batch_size": 8, "seq_len": 64,
+                     "learning_rate": 1e-3, "warmup_steps": 10},
+        "distributed": {"strategy": "fsdp", "fsdp_sharding": "shard_grad_op", "activation_checkpointing": "full"},
+        "checkpoint": {"interval_steps": 5, "keep_last": 1, "async": True},
+        "data": {"source": "files", "path": "corpus/*.txt", "num_workers": 0},
+        "metrics": {"bind_address": "127.0.0.1"},
+    })
+    manifest_view = to_dict(config, camel_case=True)  # what a manifest's sections hold: camelCase
+    assert manifest_view["training"]["microBatchSize"] == 4 and "keepLast" in manifest_view["checkpoint"]
+    pasted = TrainerConfig.from_dict(manifest_view)
+    assert pasted.metrics.bind_address == TrainerConfig().metrics.bind_address  # derived: not in the manifest view
+    assert pasted == replace(config, metrics=TrainerConfig().metrics)
+    # both spellings in one file, a derived field (trainer view only) in camelCase too
+    mixed = TrainerConfig.from_dict({"training": {"microBatchSize": 2, "seq_len": 32}, "metrics": {"bindAddress": "0.0.0.0"}})
+    assert (mixed.training.micro_batch_size, mixed.training.seq_len, mixed.metrics.bind_address) == (2, 32, "0.0.0.0")
+
+
+def test_a_field_given_in_both_spellings_or_misspelt_is_named():
+    with pytest.raises(ConfigError) as info:
+        TrainerConfig.from_dict({"training": {"micro_batch_size": 4, "microBatchSize": 8, "seqLen": 0},
+                                 "checkpoint": {"keep_last": 1, "keepLast": 1}, "data": {"numworkers": 1}})
+    errors = [str(e) for e in info.value.errors]
+    assert errors[:2] == ["training.micro_batch_size: given twice, as micro_batch_size and as microBatchSize",
+                          "checkpoint.keep_last: given twice, as keep_last and as keepLast"]
+    assert len(errors) == 2  # nothing else is judged until the spelling is settled
+    with pytest.raises(ConfigError) as info:
+        TrainerConfig.from_dict({"training": {"seqLen": 0}, "data": {"numworkers": 1}})
+    assert [str(e) for e in info.value.errors][0] == "training.seq_len: must be >= 2, got 0"
+    assert str(info.value.errors[1]).startswith("data.numworkers: unknown field (known fields: source, path, num_workers")
 
 
 def test_config_modules_do_not_import_torch():

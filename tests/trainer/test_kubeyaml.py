@@ -161,6 +161,17 @@ def test_trainer_config_round_trips_through_its_yaml(tmp_path):
 
 
 
+def test_text_of_several_lines_is_a_literal_block_that_reads_back_as_written():
+    config = TrainerConfig(data=DataConfig(source="files", path="data/*.txt"))
+    text = kubeyaml.dump({"data": {"trainer.yaml": config.to_yaml(), "one-line": "x", "no-final-newline": "a\nb"}})
+    assert text.startswith("data:\n  trainer.yaml: |\n    model:\n      preset: minimal\n    training:\n")
+    assert "  no-final-newline: |-\n    a\n    b\n" in text and "  one-line: x\n" in text
+    assert kubeyaml.load(text)["data"]["trainer.yaml"] == config.to_yaml()
+    # what a block cannot hold (trailing spaces, a leading space on the first line) still reads back exactly
+    for awkward in ("trailing \nspace", " indented\nfirst line\n", "tab\there\n", "\n\nblank lines first"):
+        assert kubeyaml.load(kubeyaml.dump({"k": awkward})) == {"k": awkward} == yaml.safe_load(kubeyaml.dump({"k": awkward}))
+
+
 def billion_laughs(levels=10):
     """Ten anchors, each a list of nine aliases of the one before: 9**10 strings if anything expanded it."""
     lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -12,6 +13,7 @@ import pyarrow
 import pyarrow.parquet as pq
 import pytest
 import torch
+from tokenizers import Tokenizer, models
 from tokens_corpus import PROG, prepare, stdlib_globs
 
 from brain_trainer.contract import DATA_ERROR, EXIT_CODES
@@ -83,6 +85,50 @@ def test_json_lines_records_are_named_by_file_and_line(tmp_path, capsys):
     out = tmp_path / "skipped"
     rc, _, errors = prepare(capsys, bad, "--out", out, "--skip-bad", "--val-fraction", "0")
     assert rc == 0 and not errors and read_manifest(out).skipped == 1
+
+
+def test_a_json_array_is_refused_with_a_pointer_to_json_lines(tmp_path, capsys):
+    records = [{"text": "one"}, {"text": "two"}]
+    for name, content in (("a.json", json.dumps(records, indent=2)), ("b.jsonl", "\n" + json.dumps(records) + "\n")):
+        path = write(tmp_path / name, content)
+        line = failed(capsys, tmp_path, path)
+        assert line.endswith("a JSON array; prepare reads JSON Lines, one JSON object per line "
+                             "(jq -c '.[]' writes an array's objects so)")
+        assert f"{path}:{1 + name.startswith('b')}: " in line
+    # a .json file of JSON Lines is read as such
+    out = tmp_path / "lines"
+    path = write(tmp_path / "c.json", "".join(json.dumps(r) + "\n" for r in records))
+    rc, _, errors = prepare(capsys, path, "--out", out, "--val-fraction", "0")
+    assert rc == 0 and not errors and read_manifest(out).train.documents == 2
+
+
+def test_damaged_or_unreadable_compressed_inputs(tmp_path, capsys):
+    data = ("some text to compress " * 500).encode()
+    cut = write(tmp_path / "cut.txt.gz", gzip.compress(data)[:-40])
+    assert f"{cut}: damaged gzip data: " in failed(capsys, tmp_path, cut)
+    garbage = write(tmp_path / "garbage.jsonl.bz2", b"BZh9" + bytes(range(200)))
+    assert f"{garbage}: damaged bzip2 data: " in failed(capsys, tmp_path, garbage)
+    parquet = write(tmp_path / "t.parquet.gz", gzip.compress(b"PAR1"))
+    assert f"{parquet}: gzip-compressed Parquet; Parquet compresses its own columns" in failed(capsys, tmp_path, parquet)
+    # named .bz2 but not compressed: read as the text it is
+    out = tmp_path / "plain"
+    rc, _, errors = prepare(capsys, write(tmp_path / "plain.txt.bz2", "plain text"), "--out", out, "--val-fraction", "0")
+    assert rc == 0 and not errors and read_manifest(out).train.tokens == len("plain text") + 1
+
+
+def test_an_end_of_text_token_the_tokenizer_lacks_is_refused_unless_asked_to_add_it(tmp_path, capsys):
+    corpus = write(tmp_path / "a.txt", "some text")
+    tokenizer = tmp_path / "tokenizer.json"
+    train_bpe(["some text for a tokenizer"], 300).tokenizer.save(str(tokenizer))  # holds <|endoftext|> only
+    line = failed(capsys, tmp_path, corpus, "--tokenizer", tokenizer, "--eot-token", "<eos>")
+    assert line.endswith(f"{tokenizer}: has no token '<eos>' to end a document; name the end-of-text token it has "
+                         "with --eot-token, or pass --add-eot-token to add '<eos>' as a new id")
+    bare = tmp_path / "bare.json"
+    Tokenizer(models.WordLevel({"some": 0, "[UNK]": 1}, unk_token="[UNK]")).save(str(bare))
+    line = failed(capsys, tmp_path, corpus, "--tokenizer", bare)
+    assert f"{bare}: has none of <|endoftext|>, <|end_of_text|>, </s>, <eos> to end a document" in line
+    assert "--add-eot-token to add '<|endoftext|>' as a new id" in line
+    assert "--add-eot-token: only applies to a tokenizer file" in failed(capsys, tmp_path, corpus, "--add-eot-token", code=2)
 
 
 def test_parquet_without_the_column(tmp_path, capsys):

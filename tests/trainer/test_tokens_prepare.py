@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import io
 import json
@@ -11,6 +13,7 @@ import pyarrow
 import pyarrow.parquet as pq
 import pytest
 import torch
+import zstandard
 from tokenizers import Tokenizer, models, pre_tokenizers
 from tokens_corpus import documents, prepare, split_texts, stdlib_globs, stdlib_texts, stream
 
@@ -109,7 +112,8 @@ def test_dtype_follows_the_vocabulary(tmp_path, capsys, words, dtype):
     ids = [0, 5, words - 1, 65535 % words, 999, 7]
     corpus.write_text(" ".join(f"w{i}" for i in ids) + " unknown")
     out = tmp_path / "ds"
-    rc, _, errors = prepare(capsys, corpus, "--out", out, "--tokenizer", tokenizer, "--val-fraction", "0")
+    rc, _, errors = prepare(capsys, corpus, "--out", out, "--tokenizer", tokenizer, "--val-fraction", "0",
+                            "--add-eot-token")
     assert rc == 0 and not errors
     manifest = read_manifest(out)
     eot = words + 1  # <|endoftext|> added after the vocabulary and [UNK]
@@ -183,6 +187,52 @@ def test_json_lines_and_parquet_documents(tmp_path, capsys):
     assert rc == 0 and not errors
     got = [bytes(d.astype(np.uint8)).decode() for d in documents(stream(out, "train"), 256)]
     assert got == texts
+
+
+def test_an_eot_token_the_tokenizer_lacks_is_added_as_named_only_when_asked(tmp_path, capsys):
+    tokenizer = tmp_path / "words.json"
+    word_tokenizer(10).save(str(tokenizer))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("w1 w2 w3")
+    out = tmp_path / "ds"
+    rc, _, errors = prepare(capsys, corpus, "--out", out, "--tokenizer", tokenizer, "--val-fraction", "0",
+                            "--eot-token", "<eos>", "--add-eot-token")
+    assert rc == 0 and not errors
+    tok = read_manifest(out).tokenizer
+    assert (tok.eot_token, tok.eot_id, tok.vocab_size) == ("<eos>", 11, 12)  # the token named, after [UNK]
+    assert load_dataset_tokenizer(out, tok).tokenizer.token_to_id("<eos>") == 11
+
+
+COMPRESSORS = {"gz": gzip.compress, "bz2": bz2.compress, "zst": zstandard.ZstdCompressor().compress}
+
+
+def test_gzip_bzip2_and_zstandard_inputs_are_read_as_what_they_hold(tmp_path, capsys):
+    texts = [f"record {i}: " + "ünïcödé words " * (i + 1) for i in range(60)]
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in texts).encode()
+    (tmp_path / "plain.jsonl").write_bytes(lines)
+    (tmp_path / "plain.txt").write_bytes(texts[0].encode())
+    inputs = []
+    for suffix, compress in COMPRESSORS.items():
+        inputs += [tmp_path / f"c.jsonl.{suffix}", tmp_path / f"t.txt.{suffix}"]
+        inputs[-2].write_bytes(compress(lines))
+        inputs[-1].write_bytes(compress(texts[0].encode()))
+    # the magic number decides, not the name: a gzip file named as plain JSON Lines; a zstd file of two frames
+    (tmp_path / "renamed.jsonl").write_bytes(gzip.compress(lines))
+    zstd = zstandard.ZstdCompressor()
+    (tmp_path / "frames.jsonl.zst").write_bytes(zstd.compress(lines[: len(lines) // 2]) + zstd.compress(lines[len(lines) // 2:]))
+    inputs += [tmp_path / "renamed.jsonl", tmp_path / "frames.jsonl.zst"]
+
+    got = {}
+    for name, files in (("plain", [tmp_path / "plain.jsonl", tmp_path / "plain.txt"]), ("compressed", inputs)):
+        err = io.StringIO()
+        manifest = prepare_module.prepare(prepare_module.PrepareOptions(inputs=[str(f) for f in files],
+                                                                        out=str(tmp_path / name), val_fraction=0), err)
+        got[name] = [bytes(d.astype(np.uint8)).decode() for d in documents(stream(tmp_path / name, "train", manifest), 256)]
+        # progress counts the files' own bytes: compressed ones end at their compressed size, not past it
+        total = sum(f.stat().st_size for f in files)
+        assert err.getvalue().splitlines()[-1] == f"tokenizing: {total / 1e6:.1f} of {total / 1e6:.1f} MB (100%)"
+    assert got["plain"] == texts + texts[:1]
+    assert got["compressed"] == (texts + texts[:1]) * 3 + texts + texts
 
 
 def test_braintrain_prepare_is_the_same_command(tmp_path, capsys):

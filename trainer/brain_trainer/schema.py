@@ -7,7 +7,8 @@ field, with `setting(...)`.
 
 Two views of one tree (docs/architecture.md, "One declaration per setting"):
 
-- the trainer view (`camel_case=False`): trainer.yaml, snake_case keys, every field;
+- the trainer view (`camel_case=False`): trainer.yaml, snake_case keys, every field
+  (trainer.yaml also takes the manifest's camelCase keys: `trainer_spelling`);
 - the manifest view (`camel_case=True`): a BrainTrainingJob, camelCase keys, and
   no field declared `derived=True`: the operator fills those when it renders
   trainer.yaml (the checkpoint folder, the metrics port, the world layout).
@@ -51,6 +52,8 @@ __all__ = [
     "key_for",
     "in_view",
     "camel",
+    "spelling",
+    "trainer_spelling",
     "is_int_or_string",
     "is_bool_or_string",
     "quoted",
@@ -330,6 +333,51 @@ def _field_key(cls: type, dotted: str, camel_case: bool) -> str:
         tp, _ = _unwrap_optional(_hints(current)[f.name])
         current = tp if dataclasses.is_dataclass(tp) else None
     return ".".join(out)
+
+
+def spelling(cls: type, *, camel_case: bool, prefix: str = "") -> Names:
+    """The Names that spell a dotted snake_case path below `cls` as a view's reader wrote it, after `prefix`."""
+    return lambda dotted: prefix + _field_key(cls, dotted, camel_case)
+
+
+def trainer_spelling(cls: type, data: Any, *, path: str = "") -> Any:
+    """`data` for the trainer view with every manifest-view key (camelCase) renamed to the trainer's: a section
+    pasted from a manifest into trainer.yaml means the same. The names are the fields' own (key_for); a field
+    given in both spellings is a ConfigError naming both. What is not a mapping is left for from_dict to judge."""
+    errors: list[FieldError] = []
+    renamed = _respelled(cls, data, path, errors)
+    if errors:
+        raise ConfigError(errors)
+    return renamed
+
+
+def _respelled(cls: type, data: Any, path: str, errors: list[FieldError]) -> Any:
+    if not isinstance(data, Mapping):
+        return data
+    prefix = f"{path}." if path else ""
+    by_key = {key: (key, tp) for key, _, tp in _fields(cls, False)}
+    by_key |= {key_for(f, True): by_key[key] for key, f, _ in _fields(cls, False)}
+    out: dict[Any, Any] = {}
+    given_as: dict[Any, Any] = {}
+    for key, value in data.items():
+        name, tp = by_key.get(key, (key, None))
+        if name in out:
+            errors.append(FieldError(f"{prefix}{name}", f"given twice, as {given_as[name]} and as {key}"))
+            continue
+        given_as[name] = key
+        out[name] = value if tp is None else _respelled_value(tp, value, f"{prefix}{name}", errors)
+    return out
+
+
+def _respelled_value(tp: Any, value: Any, path: str, errors: list[FieldError]) -> Any:
+    kind, inner, _ = _shape(tp)
+    if kind == "dataclass":
+        return _respelled(inner, value, path, errors)
+    if kind == "list" and isinstance(value, list) and dataclasses.is_dataclass(_shape(inner)[1]):
+        return [_respelled_value(inner, v, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+    if kind == "dict" and isinstance(value, Mapping) and dataclasses.is_dataclass(_shape(inner)[1]):
+        return {k: _respelled_value(inner, v, f"{path}.{k}", errors) for k, v in value.items()}
+    return value
 
 
 def from_dict(cls: type, data: Any, *, path: str = "", camel_case: bool = False) -> Any:

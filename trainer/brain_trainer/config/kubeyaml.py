@@ -225,6 +225,16 @@ class Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[mis
         return tag
 
 
+def _str(dumper: Dumper, value: str) -> ScalarNode:
+    # A text of several lines as a literal block: a ConfigMap's trainer.yaml reads as the file it is, in
+    # `braintrain render` and in `kubectl get -o yaml` of what it applied (the emitter falls back to quotes
+    # for text a block cannot hold, such as trailing spaces).
+    return dumper.represent_scalar(STR, value, style="|" if "\n" in value else None)
+
+
+Dumper.add_representer(str, _str)
+
+
 def load(text: str) -> Any:
     """The single YAML document in `text`; yaml.YAMLError when it is not one."""
     return yaml.load(text, Loader=Loader)  # noqa: S506 - Loader is a SafeLoader

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from ..contract import METRICS_PORT
-from ..schema import ConfigError, FieldError, Names, from_dict, quoted, setting, to_dict
+from ..schema import ConfigError, FieldError, Names, from_dict, quoted, setting, to_dict, trainer_spelling
 from . import kubeyaml
 from .presets import MODEL_PRESETS, VOCAB_SIZE
 
@@ -388,7 +388,8 @@ class TrainerConfig(TrainerSections):
 
     @classmethod
     def from_dict(cls, data: Any) -> "TrainerConfig":
-        return from_dict(cls, data)
+        """The trainer view; a key spelled as a manifest spells it (microBatchSize) means its snake_case field."""
+        return from_dict(cls, trainer_spelling(cls, data))
 
 
 def read_yaml(path: str | Path) -> Any:

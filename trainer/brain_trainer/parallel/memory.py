@@ -42,7 +42,7 @@ from typing import Optional
 
 from ..config import ACTIVATION_CHECKPOINTING, FSDP_SHARDING, PRECISIONS, DistributedConfig, ModelConfig, TrainerConfig
 from ..config.presets import STACKS, BrainAIConfig, largest_tensor_params, preset_config, wrap_unit_params
-from ..schema import ConfigError, FieldError
+from ..schema import ConfigError, FieldError, Names
 
 MIB = 1024**2
 GIB = 1024**3
@@ -131,17 +131,17 @@ class MemoryPlan:
 class InsufficientMemoryError(ConfigError):
     """No strategy fits; `plan` is the smallest one tried and `missing_bytes` what it lacks per rank."""
 
-    def __init__(self, plan: MemoryPlan, device_memory_bytes: int, model_name: str):
+    def __init__(self, plan: MemoryPlan, device_memory_bytes: int, model_name: str, name: Names = str):
         self.plan = plan
         self.missing_bytes = plan.total - device_memory_bytes
         super().__init__(
             [
                 FieldError(
-                    "distributed.strategy",
+                    name("distributed.strategy"),
                     f"auto: {model_name} does not fit in {device_memory_bytes / GIB:.1f} GiB per rank on "
                     f"{plan.world_size} rank(s); the smallest option, {plan.choice}, needs "
                     f"{plan.total / GIB:.1f} GiB per rank: {self.missing_bytes / GIB:.1f} GiB per rank missing "
-                    f"(add ranks, or lower training.micro_batch_size or training.seq_len)",
+                    f"(add ranks, or lower {name('training.micro_batch_size')} or {name('training.seq_len')})",
                 )
             ]
         )
@@ -376,13 +376,15 @@ def plan_ladder(
 
 
 def first_fit(
-    ladder: list[tuple[StrategyChoice, MemoryPlan]], device_memory_bytes: int, model: BrainAIConfig | str
+    ladder: list[tuple[StrategyChoice, MemoryPlan]], device_memory_bytes: int, model: BrainAIConfig | str,
+    name: Names = str,
 ) -> tuple[StrategyChoice, MemoryPlan]:
-    """The cheapest planned option that fits, else InsufficientMemoryError for the last, smallest one."""
+    """The cheapest planned option that fits, else InsufficientMemoryError for the last, smallest one (its
+    fields spelled by `name`: the trainer's keys unless told)."""
     for option, plan in ladder:
         if plan.fits(device_memory_bytes):
             return option, plan
-    raise InsufficientMemoryError(ladder[-1][1], device_memory_bytes, _model_name(model))
+    raise InsufficientMemoryError(ladder[-1][1], device_memory_bytes, _model_name(model), name)
 
 
 def choose_strategy(

@@ -2,7 +2,7 @@
 
 Modules, one job each (docs/data.md describes the folder):
 format (the folder layout, manifest and split rule; torch-free),
-corpus (input files -> documents), tokenizer (bytes, a tokenizers file, or a trained BPE),
+corpus (input files -> documents), compression (gzip, bzip2 and Zstandard inputs), tokenizer (bytes, a tokenizers file, or a trained BPE),
 writer (shards and the atomic commit of a dataset folder), report (progress display),
 prepare (the pipeline and its command line), dataset (the torch Dataset over a split).
 """

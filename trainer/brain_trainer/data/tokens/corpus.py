@@ -1,5 +1,6 @@
 """Input files -> documents: a text file is one document, a JSON Lines record one, a Parquet row one.
 
+gzip, bzip2 and Zstandard files are read as what they hold (compression.py).
 Files are read in the order the inputs name them (each glob's matches
 sorted), so the document sequence is deterministic. Problems are
 CorpusError naming the file (and line, row or byte offset).
@@ -12,9 +13,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import BinaryIO, Iterable, Iterator, Sequence
 
-JSONL_SUFFIXES = (".jsonl", ".ndjson")
+from .compression import DamagedInput, MissingDecompressor, compression_of, content_name, open_input
+
+# `.json` too: exports often name JSON Lines so; a JSON array is refused at its first line.
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 _PARQUET_BATCH = 1024
 
@@ -64,22 +68,33 @@ class Corpus:
         return sum(path.stat().st_size for path in self.files)
 
     def documents(self) -> Iterator[tuple[str, int]]:
-        """(text, input bytes consumed since the previous document) for every non-empty document."""
+        """(text, input bytes consumed since the previous document) for every non-empty document.
+
+        Input bytes are the file's own: compressed bytes for a compressed file.
+        """
         self.skipped = 0
         for path in self.files:
-            name = path.name.lower()
-            if name.endswith(JSONL_SUFFIXES):
-                yield from self._jsonl(path)
-            elif name.endswith(PARQUET_SUFFIXES):
-                yield from self._parquet(path)
-            else:
-                yield from self._text(path)
+            try:
+                compression = compression_of(path)
+                name = content_name(path)
+                if name.endswith(PARQUET_SUFFIXES):
+                    if compression:
+                        raise CorpusError(f"{path}: {compression}-compressed Parquet; Parquet compresses its own "
+                                          "columns, so decompress the file first")
+                    yield from self._parquet(path)
+                    continue
+                with open_input(path, compression) as (content, raw):
+                    if name.endswith(JSONL_SUFFIXES):
+                        yield from self._records(path, content, raw)
+                    else:
+                        yield from self._text(path, content)
+            except OSError as exc:
+                raise CorpusError(f"{path}: cannot read: {exc.strerror or exc}") from None
+            except (DamagedInput, MissingDecompressor) as exc:
+                raise CorpusError(f"{path}: {exc}") from None
 
-    def _text(self, path: Path) -> Iterator[tuple[str, int]]:
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise CorpusError(f"{path}: cannot read: {exc.strerror}") from None
+    def _text(self, path: Path, content: BinaryIO) -> Iterator[tuple[str, int]]:
+        data = content.read()
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -88,24 +103,22 @@ class Corpus:
             self.skipped += 1
             return
         if text:
-            yield text, len(data)
+            yield text, path.stat().st_size
 
-    def _jsonl(self, path: Path) -> Iterator[tuple[str, int]]:
-        try:
-            with open(path, "rb") as f:  # streamed: a JSON Lines file may be larger than memory
-                yield from self._records(path, f)
-        except OSError as exc:
-            raise CorpusError(f"{path}: cannot read: {exc.strerror}") from None
-
-    def _records(self, path: Path, lines: Iterable[bytes]) -> Iterator[tuple[str, int]]:
+    def _records(self, path: Path, lines: Iterable[bytes], file: BinaryIO) -> Iterator[tuple[str, int]]:
+        """Streamed (a JSON Lines file may be larger than memory); `file`'s position counts the input bytes read."""
         offset = 0
-        consumed = 0
+        read = 0
+        first = True
         for lineno, raw in enumerate(lines, start=1):
             start, offset = offset, offset + len(raw)
-            consumed += len(raw)
             if not raw.strip():
                 continue
             where = f"{path}:{lineno}"
+            if first and raw.lstrip().startswith(b"["):
+                raise CorpusError(f"{where}: a JSON array; prepare reads JSON Lines, one JSON object per line "
+                                  f"(jq -c '.[]' writes an array's objects so)")
+            first = False
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -126,8 +139,9 @@ class Corpus:
             if not isinstance(text, str):
                 raise CorpusError(f"{where}: field {self.text_field!r} must be a string, got {type(text).__name__}")
             if text:
-                yield text, consumed
-                consumed = 0
+                now = file.tell()
+                yield text, now - read
+                read = now
 
     def _parquet(self, path: Path) -> Iterator[tuple[str, int]]:
         try:

@@ -22,7 +22,8 @@ class PrepareOptions:
     """A corpus and what to make of it."""
 
     inputs: list[str] = setting(help="text files (one document each), JSON Lines (.jsonl, one record each), "
-                                     "Parquet (.parquet, one row each), or quoted globs of them ('**' recurses)")
+                                     "Parquet (.parquet, one row each), or quoted globs of them ('**' recurses); "
+                                     "gzip, bzip2 and Zstandard files are read as what they hold")
     out: str = setting(help="the dataset folder to create")
     tokenizer: str = setting("bytes", help="bytes (built in: UTF-8 bytes and an end-of-text id), "
                                            "or the path of a Hugging Face tokenizer.json")
@@ -30,7 +31,9 @@ class PrepareOptions:
     vocab_size: Optional[int] = setting(None, minimum=MIN_TRAINED_VOCAB, maximum=2**32,
                                         help="vocabulary of the tokenizer --train-tokenizer trains")
     eot_token: Optional[str] = setting(None, help="end-of-text token of a tokenizer file (default: the first of "
-                                                  "<|endoftext|>, <|end_of_text|>, </s>, <eos> it has; added if none)")
+                                                  "<|endoftext|>, <|end_of_text|>, </s>, <eos> it has)")
+    add_eot_token: bool = setting(False, help="add the end-of-text token (--eot-token, or <|endoftext|>) to a "
+                                              "tokenizer file that lacks it, as a new, untrained id")
     text_field: str = setting("text", help="field of a JSON Lines record, or column of a Parquet file, holding the text")
     val_fraction: float = setting(0.05, minimum=0, maximum=0.5, help="share of documents in the validation split")
     seed: int = setting(0, minimum=0, maximum=2**64 - 1, help="key of the hash that assigns documents to splits")
@@ -48,6 +51,8 @@ class PrepareOptions:
             yield "tokenizer", "--train-tokenizer trains one; do not name another"
         if self.eot_token is not None and self.tokenizer == "bytes" and not self.train_tokenizer:
             yield "eot_token", "only applies to a tokenizer file"
+        if self.add_eot_token and (self.tokenizer == "bytes" or self.train_tokenizer):
+            yield "add_eot_token", "only applies to a tokenizer file"
 
 
 _METAVARS: dict[Any, str] = {"out": "DIR", "tokenizer": "bytes|FILE", "eot_token": "TOKEN", "text_field": "NAME",

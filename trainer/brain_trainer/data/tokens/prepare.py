@@ -157,7 +157,7 @@ def choose_tokenizer(options: PrepareOptions, corpus: Corpus, stream: TextIO) ->
         return trained_tokenizer(options, corpus, stream)
     if options.tokenizer == "bytes":
         return ByteTokenizer()
-    return parse_tokenizer(Path(options.tokenizer), options.tokenizer, options.eot_token)
+    return parse_tokenizer(Path(options.tokenizer), options.tokenizer, options.eot_token, options.add_eot_token)
 
 
 def prepare(options: PrepareOptions, stream: TextIO = sys.stderr) -> Manifest:

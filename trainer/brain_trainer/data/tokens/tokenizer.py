@@ -45,16 +45,22 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face `tokenizers` tokenizer with an end-of-text token (added as a special token if missing)."""
+    """A Hugging Face `tokenizers` tokenizer with an end-of-text token (added as a special token only when asked)."""
 
     kind = "huggingface"
 
-    def __init__(self, tokenizer: Tokenizer, source: str, json_text: str, eot_token: Optional[str] = None):
+    def __init__(self, tokenizer: Tokenizer, source: str, json_text: str, eot_token: Optional[str] = None,
+                 add_eot_token: bool = False):
         self.tokenizer = tokenizer
         self.source = source
         candidates = (eot_token,) if eot_token else KNOWN_EOT_TOKENS
         found = next((t for t in candidates if tokenizer.token_to_id(t) is not None), None)
         if found is None:
+            if not add_eot_token:
+                # an added token is a new id the model has never been trained on: only by request
+                lacks = f"no token {eot_token!r}" if eot_token else f"none of {', '.join(KNOWN_EOT_TOKENS)}"
+                raise TokenizerError(f"{source}: has {lacks} to end a document; name the end-of-text token it has "
+                                     f"with --eot-token, or pass --add-eot-token to add {candidates[0]!r} as a new id")
             found = candidates[0]
             tokenizer.add_special_tokens([found])
             json_text = tokenizer.to_str(pretty=True)
@@ -77,7 +83,7 @@ class HFTokenizer:
                              sha256=hashlib.sha256(self.json_text.encode("utf-8")).hexdigest())
 
 
-def parse_tokenizer(path: Path, source: str, eot_token: Optional[str] = None) -> HFTokenizer:
+def parse_tokenizer(path: Path, source: str, eot_token: Optional[str] = None, add_eot_token: bool = False) -> HFTokenizer:
     """The tokenizers file at `path`, or TokenizerError naming it."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -87,7 +93,7 @@ def parse_tokenizer(path: Path, source: str, eot_token: Optional[str] = None) ->
         tokenizer = Tokenizer.from_str(text)
     except Exception as exc:  # the library raises plain Exception for every parse problem
         raise TokenizerError(f"{path}: not a Hugging Face tokenizers file: {exc}") from None
-    return HFTokenizer(tokenizer, source, text, eot_token)
+    return HFTokenizer(tokenizer, source, text, eot_token, add_eot_token)
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
