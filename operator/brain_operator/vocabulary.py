@@ -22,7 +22,6 @@ from brain_trainer.data.errors import DataError
 from brain_trainer.data.tokens.format import read_manifest
 from brain_trainer.schema import quoted
 
-from .local_plan import localize, rewrite_path
 from .spec import Job
 
 VOCAB_SIZE_FIELD = "spec.model.vocabSize"
@@ -40,6 +39,9 @@ class Vocabulary:
 
 def dataset_folders(job: Job, *, base_dir: Path, claims: Path) -> list[Path]:
     """Where the token dataset of `data.path` may be on this machine, in the order to look (pure)."""
+    # Deferred: local_plan renders the pods, whose grace (grace.py) reads storage, which reads this module.
+    from .local_plan import localize, rewrite_path
+
     path = localize(job, base_dir=base_dir, stdlib=Path(sysconfig.get_paths()["stdlib"])).spec.data.path
     if path is None:
         return []
