@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from .failure_policy import consequence, explain
-from .job_status import CREATE_REFUSED, FAILED, RESTARTING, JobStatus
+from .job_status import CREATE_REFUSED, FAILED, RESTARTING, VALID, JobStatus
 from .pods import terminated_states
 from .spec.model import FailurePolicySpec
 
@@ -75,6 +75,15 @@ def compute_events(
 def _phase_message(status: JobStatus) -> str:
     condition = status.condition(status.phase) if status.phase else None
     return (condition.message if condition else None) or ""
+
+
+def overlay_refusal_event(before: JobStatus, status: JobStatus) -> Optional[Event]:
+    """A Warning naming each overlay field the operator's policy no longer allows, and its setting, once per
+    distinct message (status's Valid=False, see status.overlay_refused_status)."""
+    new, old = (next((c for c in s.conditions if c.type == VALID), None) for s in (status, before))
+    if new is None or new.status != "False" or (old is not None and old.status == "False" and old.message == new.message):
+        return None
+    return Event(WARNING, new.reason or "", new.message or "")
 
 
 def refusal_event(before: JobStatus, status: JobStatus) -> Optional[Event]:
