@@ -80,16 +80,20 @@ class _Legacy(TrainState):
                 "scheduler": self.schedule or self.scheduler.state_dict(), "rng": {f"rank{self.rank}": self.rng}}
 
 
-class _ScheduleAs(TrainState):
-    """Saves `schedule` where the LR schedule's JSON belongs (DCP torch.saves what is not JsonText)."""
+class _SavesAs(TrainState):
+    """Saves `items` in place of its own (DCP torch.saves what is not JsonText)."""
 
-    def __init__(self, schedule: object):
+    def __init__(self, **items: object):
         fresh = _state()
         super().__init__(fresh.model, fresh.optimizer, fresh.scheduler)
-        self.schedule = schedule
+        self.items = items
 
     def state_dict(self):
-        return {**super().state_dict(), "scheduler": self.schedule}
+        return {**super().state_dict(), **self.items}
+
+
+def _json(value: object) -> shards.JsonText:
+    return shards.JsonText(json.dumps(value))
 
 
 def _manager(root: Path, rank: int = 0, world_size: int = 1) -> CheckpointManager:
@@ -202,7 +206,7 @@ def test_a_pickle_where_the_schedule_belongs_is_never_unpickled(tmp_path, caplog
     marker = tmp_path / "ran"
     good = _state()
     _save(tmp_path / "ckpt", good, 2)
-    hostile = _save(tmp_path / "ckpt", _ScheduleAs(Payload(marker)), 4)
+    hostile = _save(tmp_path / "ckpt", _SavesAs(scheduler=Payload(marker)), 4)
     assert _item_bytes(hostile, "scheduler").startswith(b"PK")  # torch.save's pickle, where older checkpoints had it
 
     state, step = _restore(tmp_path / "ckpt", caplog)
@@ -216,12 +220,41 @@ def test_a_pickle_where_the_schedule_belongs_is_never_unpickled(tmp_path, caplog
 
 def test_json_nested_deeper_than_the_parser_recurses_is_refused(tmp_path, caplog):
     _save(tmp_path / "ckpt", _state(), 2)
-    _save(tmp_path / "ckpt", _ScheduleAs(shards.JsonText("[" * 100_000 + "]" * 100_000)), 4)
+    _save(tmp_path / "ckpt", _SavesAs(scheduler=shards.JsonText("[" * 100_000 + "]" * 100_000)), 4)
 
     state, step = _restore(tmp_path / "ckpt", caplog)
 
     assert step == 2
     assert "step-00000004/__0_0.distcp: scheduler: holds JSON nested too deep" in caplog.text
+
+
+@pytest.mark.parametrize(("items", "problem"), [
+    ({"progress": _json({"step": "4", "sample_index": 4})}, "progress: holds no integer step and sample_index"),
+    ({"scheduler": _json({"optimizer": None})}, "scheduler: names 'optimizer', which brain-train does not write"),
+    ({"scheduler": _json({"last_epoch": "4"})}, "scheduler: last_epoch is a str, not a int"),
+    ({"rng": {"rank0": _json({"python": []})}}, "rng.rank0: holds no RNG states (ValueError:"),
+], ids=["progress", "scheduler-attribute", "scheduler-type", "rng"])
+def test_json_that_is_not_the_state_brain_train_writes_is_refused(tmp_path, caplog, items, problem):
+    _save(tmp_path / "ckpt", _state(), 2)
+    _save(tmp_path / "ckpt", _SavesAs(**items), 4)
+
+    state, step = _restore(tmp_path / "ckpt", caplog)
+
+    assert step == 2 and state.step == 2
+    assert f"step-00000004/__0_0.distcp: {problem}" in caplog.text
+    assert (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
+
+
+def forged_rng_on_rank_one(rank: int, world_size: int, root: str) -> int | None:
+    _save(Path(root), _state(), 2, rank, world_size)
+    forged = _SavesAs(rng={"rank1": _json({"torch": 5})}) if rank == 1 else _state()
+    _save(Path(root), forged, 4, rank, world_size)
+    return _manager(Path(root), rank, world_size).restore(_state())
+
+
+def test_state_refused_on_one_rank_moves_every_rank_to_the_previous_checkpoint(tmp_path):
+    assert run_ranks(forged_rng_on_rank_one, 2, str(tmp_path / "ckpt")) == [2, 2]
+    assert (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
 
 
 def test_an_older_checkpoint_resumes_exactly(tmp_path, caplog):

@@ -338,6 +338,14 @@ def saved_shapes(folder: Path) -> dict[str, Optional[tuple[int, ...]]]:
     return {key: tuple(meta.size) if isinstance(meta, TensorStorageMetadata) else None for key, meta in metadata.items()}
 
 
+def item_file(folder: Path, key: str) -> Path:
+    """The file of `folder` that holds the item `key` (or the items below it), by DCP's .metadata."""
+    metadata = read_metadata(folder / METADATA_FILE)
+    names = (info.relative_path for index, info in metadata.storage_data.items()
+             if index.fqn == key or index.fqn.startswith(key + "."))
+    return folder / next(names, METADATA_FILE)
+
+
 def tensor_shapes(entries: dict[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:
     """{name: shape} of the tensors whose key starts with `prefix` (dropped): of saved_shapes, or of a state dict.
 

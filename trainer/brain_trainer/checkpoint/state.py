@@ -59,6 +59,35 @@ def _restore_rng(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+class UnexpectedState(ValueError):
+    """A training-state item that is data, but not what TrainState writes (forged or damaged): `key` names it."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+
+
+def _kind(value: Any) -> str:
+    return "list" if isinstance(value, (list, tuple)) else type(value).__name__  # JSON reads a tuple as a list
+
+
+def _check_like(key: str, saved: Any, written: dict[str, Any]) -> None:
+    """`saved` has only keys `written` has, each of its kind: loading it sets no other attribute nor type."""
+    if not isinstance(saved, dict):
+        raise UnexpectedState(key, f"holds a {_kind(saved)}, not a mapping")
+    for name, value in saved.items():
+        if name not in written:
+            raise UnexpectedState(key, f"names {name!r}, which brain-train does not write")
+        if _kind(value) != _kind(written[name]):
+            raise UnexpectedState(key, f"{name} is a {_kind(value)}, not a {_kind(written[name])}")
+
+
+def _progress(saved: Any) -> tuple[int, int]:
+    if not isinstance(saved, dict) or any(type(saved.get(name)) is not int for name in ("step", "sample_index")):
+        raise UnexpectedState(PROGRESS, "holds no integer step and sample_index")
+    return saved["step"], saved["sample_index"]
+
+
 class TrainState(Stateful):
     """Model, optimizer, LR scheduler, grad scaler, progress and RNG of one rank.
 
@@ -120,19 +149,30 @@ class TrainState(Stateful):
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Apply a loaded checkpoint; UnexpectedState when one of our items is not what state_dict writes
+        (its model and optimizer may be set by then: the caller loads another checkpoint or none)."""
+        step, sample_index = _progress(state_dict[PROGRESS])
+        # torch's load_state_dict sets every key it is given as an attribute: only those it writes, each of its kind.
+        if self.scheduler is not None:
+            _check_like("scheduler", state_dict["scheduler"], self.scheduler.state_dict())
+        if self.scaler is not None and state_dict.get("scaler"):
+            _check_like("scaler", state_dict["scaler"], self.scaler.state_dict())
         set_state_dict(self.model, self.optimizer, model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(state_dict["scheduler"])
         if self.scaler is not None and state_dict.get("scaler"):
             self.scaler.load_state_dict(state_dict["scaler"])
-        self.step = int(state_dict[PROGRESS]["step"])
-        self.sample_index = int(state_dict[PROGRESS]["sample_index"])
+        self.step, self.sample_index = step, sample_index
         saved = state_dict.get("rng", {}).get(f"rank{self.rank}")
         if isinstance(saved, bytes):
             # The oldest checkpoints' RNG states: a pickle, which would run whatever it names. Never unpickled.
             log.warning("%s is a pickle (an older checkpoint): not unpickled; rank %d keeps its own RNG states",
                         rng_key(self.rank), self.rank)
-        elif isinstance(saved, str):
-            _restore_rng(json.loads(saved))  # an older checkpoint's JSON text, torch.save'd
-        elif saved:
-            _restore_rng(saved)
+            return
+        try:
+            if isinstance(saved, str):
+                _restore_rng(json.loads(saved))  # an older checkpoint's JSON text, torch.save'd
+            elif saved:
+                _restore_rng(saved)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise UnexpectedState(rng_key(self.rank), f"holds no RNG states ({type(exc).__name__}: {exc})") from None
