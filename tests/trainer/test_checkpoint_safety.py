@@ -202,6 +202,23 @@ def test_the_training_state_is_json_in_the_shard_file(tmp_path):
     assert set(json.loads(_item_bytes(folder, rng_key(0)))) == {"python", "numpy", "torch", "cuda"}
 
 
+def _scaled(scale: float) -> TrainState:
+    fresh = _state()
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    scaler.scale(torch.ones(()))  # the scale becomes a tensor, as in training
+    return TrainState(fresh.model, fresh.optimizer, fresh.scheduler, scaler)
+
+
+def test_the_grad_scaler_state_is_json_and_resumes_exactly(tmp_path, caplog):
+    folder = _save(tmp_path / "ckpt", _scaled(1024.0), 2)
+    assert json.loads(_item_bytes(folder, "scaler"))["scale"] == 1024.0
+
+    state = _scaled(65536.0)
+    with caplog.at_level(logging.INFO, logger="brain_trainer"):
+        assert _manager(tmp_path / "ckpt").restore(state) == 2
+    assert state.scaler.state_dict() == _scaled(1024.0).scaler.state_dict()
+
+
 def test_a_pickle_where_the_schedule_belongs_is_never_unpickled(tmp_path, caplog):
     marker = tmp_path / "ran"
     good = _state()
