@@ -2,8 +2,9 @@
 # Two images from one file (`make images` builds both; BuildKit required):
 #   docker build --target trainer  -t brain-train/trainer:dev  .   (CPU torch by default)
 #   docker build --target operator -t brain-train/operator:dev .   (kopf operator, no torch)
-# CUDA trainer: --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
-#               --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+# CUDA trainer: --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04@sha256:<digest>
+#               --build-arg TORCH_FLAVOUR=cu128   (needs a hashed requirements/torch-cu128.lock: `make lock`)
+# Every download is checked against a hash in a lock under requirements/ (`make lock`).
 
 # Pinned by digest (the multi-platform index Docker's official-images repo-info lists for this tag, August 2026):
 # a tag moves, a digest does not. Override with --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:<newer>.
@@ -20,8 +21,9 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # ---- trainer: torchrun + brain_trainer, started by the operator as each worker pod.
 FROM ${BASE_IMAGE} AS trainer
-ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# torch's build: requirements/torch-${TORCH_FLAVOUR}.lock pins it, from the index of that flavour (or a mirror).
+ARG TORCH_FLAVOUR=cpu
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_FLAVOUR}
 ENV PATH=/opt/venv/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -38,13 +40,18 @@ RUN if ! command -v python3 >/dev/null; then \
     && python3 -m venv /opt/venv \
     && { getent passwd 1000 >/dev/null \
          || useradd --uid 1000 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin brain; }
-# torch first, from the index that matches the base (CPU or a CUDA version), so
-# the project's own `torch==` pin below is already satisfied.
-RUN pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
-# Every other runtime dependency from the hashed lock (requirements/trainer.lock,
-# `make lock`): pip refuses a version that is not pinned or a file whose hash differs.
-RUN --mount=type=bind,source=requirements/trainer.lock,target=/tmp/trainer.lock \
-    pip install --no-cache-dir --require-hashes -r /tmp/trainer.lock
+# torch (its flavour's lock) and every other runtime dependency (trainer.lock) in one resolve, each file
+# checked against its hash: pip refuses a version that is not pinned, a dependency that is not locked, or
+# a file whose hash differs. A flavour whose lock carries no hash yet is refused before pip runs.
+RUN --mount=type=bind,source=requirements,target=/tmp/requirements \
+    lock="/tmp/requirements/torch-${TORCH_FLAVOUR}.lock" \
+    && if ! grep -qs -- "--hash=sha256:" "$lock"; then \
+        echo "requirements/torch-${TORCH_FLAVOUR}.lock is missing or carries no hashes: run" \
+             "'make lock TORCH_FLAVOUR=${TORCH_FLAVOUR}' where ${TORCH_INDEX_URL} is reachable" >&2; \
+        exit 1; \
+    fi \
+    && pip install --no-cache-dir --require-hashes --extra-index-url "${TORCH_INDEX_URL}" \
+        -r "$lock" -r /tmp/requirements/trainer.lock
 # The project's own wheel, a local file (hadolint cannot see that it is pinned);
 # its dependencies are all installed above, so nothing unhashed comes with it.
 # hadolint ignore=DL3013
@@ -64,8 +71,13 @@ ENV PATH=/opt/venv/bin:${PATH} \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/venv \
     && useradd --uid 1000 --user-group --no-create-home --home-dir /tmp --shell /usr/sbin/nologin brain
+# The operator's dependencies from their hashed lock, then the project's wheel, as in the trainer.
+RUN --mount=type=bind,source=requirements/operator.lock,target=/tmp/operator.lock \
+    pip install --no-cache-dir --require-hashes -r /tmp/operator.lock
+# hadolint ignore=DL3013
 RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
-    pip install --no-cache-dir /wheels/*.whl
+    set -- /wheels/*.whl \
+    && pip install --no-cache-dir --no-deps "$1"
 WORKDIR /tmp
 USER 1000:1000
 ENTRYPOINT ["braintrain"]

@@ -43,17 +43,22 @@ test: setup
 	$(PY) -m pytest -q
 
 # Both images (Dockerfile targets). Name them with TRAINER_IMAGE / OPERATOR_IMAGE;
-# TRAINER_BUILD_ARGS picks a CUDA base, e.g. "--build-arg BASE_IMAGE=... --build-arg TORCH_INDEX_URL=...".
+# TRAINER_BUILD_ARGS picks a CUDA base, e.g. "--build-arg BASE_IMAGE=... --build-arg TORCH_FLAVOUR=cu128".
 images:
 	docker build --target trainer --tag $(or $(TRAINER_IMAGE),brain-train/trainer:dev) $(TRAINER_BUILD_ARGS) .
 	docker build --target operator --tag $(or $(OPERATOR_IMAGE),brain-train/operator:dev) .
 
-# The trainer image's hashed lock (everything but torch, which comes from the index of the base
-# image's CUDA version) from requirements/trainer.in; run after changing a dependency.
+# The images' hashed locks, from requirements/*.in; run after changing a dependency. torch-$(TORCH_FLAVOUR).lock
+# is torch's build for that flavour (cpu, cu128, ...) from its index at download.pytorch.org, with its dependencies.
+TORCH_FLAVOUR ?= cpu
+PIP_COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --no-strip-extras --no-emit-index-url \
+	--no-emit-find-links
 lock:
 	$(PY) -m pip install --quiet pip-tools
-	$(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --no-strip-extras --no-emit-index-url --no-emit-find-links \
-		--output-file=requirements/trainer.lock requirements/trainer.in
+	$(PIP_COMPILE) --output-file=requirements/trainer.lock requirements/trainer.in
+	$(PIP_COMPILE) --output-file=requirements/operator.lock requirements/operator.in
+	$(PIP_COMPILE) --extra-index-url https://download.pytorch.org/whl/$(TORCH_FLAVOUR) \
+		--output-file=requirements/torch-$(TORCH_FLAVOUR).lock requirements/torch-$(TORCH_FLAVOUR).in
 
 # End to end on kind (docker, kind, kubectl, helm): DRY_RUN=1 prints the plan, TEARDOWN=1 deletes the cluster.
 kind-e2e:

@@ -116,13 +116,12 @@ def test_entrypoints_are_exec_form():
     assert json.loads(STAGES["operator"].all("CMD")[-1])[0] == "operator"
 
 
-def test_trainer_pins_the_projects_torch_and_takes_base_and_index_as_build_args():
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    [pin] = [req for req in pyproject["project"]["optional-dependencies"]["trainer"] if req.startswith("torch")]
+def test_trainer_takes_base_torch_flavour_and_index_as_build_args():
     args = dict(arg.partition("=")[::2] for arg in STAGES["trainer"].all("ARG"))
-    assert pin == f"torch=={args['TORCH_VERSION']}"
-    assert "TORCH_INDEX_URL" in args and STAGES["trainer"].base == "${BASE_IMAGE}"
-    assert any('"torch==${TORCH_VERSION}"' in run and "${TORCH_INDEX_URL}" in run for run in STAGES["trainer"].all("RUN"))
+    assert args["TORCH_FLAVOUR"] == "cpu" and args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/${TORCH_FLAVOUR}"
+    assert STAGES["trainer"].base == "${BASE_IMAGE}"
+    assert any('"/tmp/requirements/torch-${TORCH_FLAVOUR}.lock"' in run and '"${TORCH_INDEX_URL}"' in run
+               for run in STAGES["trainer"].all("RUN"))
 
 
 def test_operator_image_installs_no_torch():
@@ -189,16 +188,70 @@ def test_images_run_as_the_uid_their_pods_ask_for():
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == _final_uid("operator")
 
 
-def test_the_trainer_installs_every_dependency_but_torch_from_a_hashed_lock():
+LOCKS = REPO / "requirements"
+PIN = re.compile(r"^([a-z0-9][a-z0-9._-]*)==(\S+)", re.M)
+
+
+def _hashed_pins(lock: str) -> dict[str, str]:
+    """{name: version} of the pins that carry their hashes: each `name==version \\` then `--hash=sha256:` lines."""
+    pins = re.findall(r"^([a-z0-9][a-z0-9._-]*)==(\S+) \\\n(?:\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n)+", lock, re.M)
+    return dict(pins)
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0].lower().replace("_", "-") for req in requirements}
+
+
+def test_every_pip_install_checks_hashes_or_installs_only_the_projects_own_wheel():
+    installs = [run for stage in STAGES.values() for run in stage.all("RUN") if re.search(r"\bpip3? install\b", run)]
+    assert len(installs) == 4
+    for run in installs:
+        from_locks = "--require-hashes" in run and re.search(r" -r \S+\.lock", run)
+        own_wheel = "--no-deps" in run and "/wheels/" in run and " -r " not in run
+        assert from_locks or own_wheel, run
+
+
+def test_every_lock_carries_a_hash_for_every_pin_and_names_no_index():
+    for path in LOCKS.glob("*.lock"):
+        lock = path.read_text()
+        pins = PIN.findall(lock)
+        assert pins, path.name
+        assert not re.search(r"^--(extra-)?index-url|^--find-links", lock, re.M), path.name  # no machine's own mirror
+        if path.name == "torch-cu128.lock":
+            continue  # not yet locked: the Dockerfile refuses it (below)
+        assert len(_hashed_pins(lock)) == len(pins), f"{path.name}: every pin carries its hashes"
+
+
+def test_the_locks_cover_what_each_image_needs():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    wanted = [*pyproject["project"]["dependencies"], *pyproject["project"]["optional-dependencies"]["trainer"]]
-    names = {re.split(r"[<>=!~\[ ]", req, maxsplit=1)[0].lower().replace("_", "-") for req in wanted} - {"torch"}
-    lock = (REPO / "requirements" / "trainer.lock").read_text()
-    pins = re.findall(r"^([a-z0-9][a-z0-9._-]*)==\S+ \\\n((?:\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n)+)", lock, re.M)
-    locked = {name for name, _ in pins}
-    assert names <= locked and "torch" not in locked, names - locked
-    assert len(pins) == len(re.findall(r"^\S+==", lock, re.M)), "every pin carries its hashes"
-    assert not re.search(r"^--(extra-)?index-url|^--find-links", lock, re.M)  # no machine's own mirror
-    runs = STAGES["trainer"].all("RUN")
-    assert any("--require-hashes -r /tmp/trainer.lock" in run for run in runs)
-    assert any("--no-deps" in run and "/wheels/" in run for run in runs)
+    base = _names(pyproject["project"]["dependencies"])
+    trainer = base | _names(pyproject["project"]["optional-dependencies"]["trainer"])
+    trainer_lock = _hashed_pins((LOCKS / "trainer.lock").read_text())
+    assert trainer - {"torch"} <= set(trainer_lock) and "torch" not in trainer_lock
+    assert base <= set(_hashed_pins((LOCKS / "operator.lock").read_text()))
+    [torch_pin] = [req for req in pyproject["project"]["optional-dependencies"]["trainer"] if req.startswith("torch")]
+    for path in LOCKS.glob("torch-*.lock"):
+        pins = dict(PIN.findall(path.read_text()))
+        flavour = path.stem.removeprefix("torch-")
+        assert f"torch=={pins['torch']}" == f"{torch_pin}+{flavour}", path.name  # the project's torch, that build
+        # Installed together with trainer.lock: a distribution both pin has one version.
+        assert all(trainer_lock[name] == version for name, version in pins.items() if name in trainer_lock), path.name
+
+
+def _hash_guard() -> str:
+    """The trainer's torch install up to pip, its paths this checkout's: the check that a flavour's lock is hashed."""
+    [run] = [run for run in STAGES["trainer"].all("RUN") if "torch-${TORCH_FLAVOUR}.lock" in run]
+    guard = run[run.index('lock="'):run.index("&& pip install")]
+    return guard.replace("/tmp/requirements/", f"{LOCKS}/")
+
+
+def test_a_flavour_whose_lock_has_no_hash_is_refused_before_pip_runs():
+    environment = {"PATH": "/usr/bin:/bin", "TORCH_INDEX_URL": "https://download.pytorch.org/whl/cu128"}
+    refused = processes.run(["bash", "-c", _hash_guard()], env={**environment, "TORCH_FLAVOUR": "cu128"}, timeout=30)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == ("requirements/torch-cu128.lock is missing or carries no hashes: run 'make lock "
+                                      "TORCH_FLAVOUR=cu128' where https://download.pytorch.org/whl/cu128 is reachable")
+    unknown = processes.run(["bash", "-c", _hash_guard()], env={**environment, "TORCH_FLAVOUR": "rocm9"}, timeout=30)
+    assert unknown.returncode == 1 and "torch-rocm9.lock is missing" in unknown.stderr
+    hashed = processes.run(["bash", "-c", _hash_guard()], env={**environment, "TORCH_FLAVOUR": "cpu"}, timeout=30)
+    assert hashed.returncode == 0, hashed.stderr

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 from .failure_policy import consequence, explain
-from .job_status import CREATE_REFUSED, FAILED, RESTARTING, WORKERS_READY, Condition, JobStatus
+from .job_status import CREATE_REFUSED, FAILED, RESTARTING, VALID, WORKERS_READY, Condition, JobStatus
 from .pods import DISRUPTION_TARGET, terminated_states, true_condition
 from .spec.model import FailurePolicySpec
 
@@ -102,6 +102,15 @@ def in_pod_restart_event(before: JobStatus, status: JobStatus) -> Optional[Event
     return Event(WARNING, "InPodRestart",
                  f"torchrun restarted the workers inside a pod{why} ({more} more, {status.in_pod_restarts} in all; "
                  f"elastic.maxRestarts bounds them per pod)")
+
+
+def overlay_refusal_event(before: JobStatus, status: JobStatus) -> Optional[Event]:
+    """A Warning naming each overlay field the operator's policy no longer allows, and its setting, once per
+    distinct message (status's Valid=False, see status.overlay_refused_status)."""
+    new, old = (next((c for c in s.conditions if c.type == VALID), None) for s in (status, before))
+    if new is None or new.status != "False" or (old is not None and old.status == "False" and old.message == new.message):
+        return None
+    return Event(WARNING, new.reason or "", new.message or "")
 
 
 def refusal_event(before: JobStatus, status: JobStatus) -> Optional[Event]:

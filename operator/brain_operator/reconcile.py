@@ -13,6 +13,12 @@ when it has them (children.py), else, and after a Conflict, from listing them.
 Idempotent by construction: a second pass over the same cluster plans no
 writes, and the status is patched only when it changed.
 
+A job whose pods run an overlay that the operator's policy no longer allows
+(the policy was tightened since they were created) keeps them, as admission
+keeps running pods: its status follows them, Valid=False names each field and
+setting, and no pod (or PyTorchJob) is created for it until the policy or the
+overlay changes. With nothing running yet, it is an invalid spec.
+
 Two things end a pass without retrying it soon: a create the API server
 refuses (`Refused`: Pod Security Admission, a quota, validation) writes the
 CreateRefused condition and posts FailedCreate, then raises for the handlers
@@ -33,8 +39,8 @@ from brain_trainer.schema import ConfigError
 from .accounting import pod_uid, still_handled, unhandled
 from .cluster import ClusterClient, Conflict, ObjectRef, Refused
 from .discovery import ServedApis, missing
-from .events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, refusal_event,
-                     worker_exit_event)
+from .events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, overlay_refusal_event,
+                     refusal_event, worker_exit_event)
 from .failure_policy import WorkerFailure, consequence, explain, first_cause
 from .incidents import ROOT, Exit, Verdict, judge, still_open
 from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
@@ -46,7 +52,7 @@ from .pods import PENDING, PodView, created_at, ended_at, is_disruption, pod_vie
 from .progress import progress_status, reports_progress
 from .render import checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
-from .spec import Job, OperatorDefaults, effective_batch_size, node_range, parse_job, resolved_strategy
+from .spec import Job, OperatorDefaults, OverlayRefused, effective_batch_size, node_range, parse_job, resolved_strategy
 from .spec.model import FAIL_JOB, RETAIN
 from .status import (
     BACKEND_UNAVAILABLE,
@@ -62,6 +68,7 @@ from .status import (
     elastic_status,
     invalid_status,
     is_terminal,
+    overlay_refused_status,
     pytorchjob_status,
     refused_status,
 )
@@ -72,6 +79,8 @@ from .waiting import waiting
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")
 PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+# The children that carry the pod overlay: none is created while the policy refuses the overlay.
+OVERLAID = (POD, PYTORCHJOB)
 # Plans made again after a Conflict on create, each from children listed afresh.
 CONFLICT_REPLANS = 3
 
@@ -138,8 +147,12 @@ def _reconcile_once(
 ) -> dict[str, Any]:
     previous = manifest.get("status") or {}
     unavailable = None
+    refusal: Optional[OverlayRefused] = None
     try:
-        job = parse_job(manifest, defaults=defaults)
+        try:
+            job = parse_job(manifest, defaults=defaults)
+        except OverlayRefused as err:
+            job, refusal = err.job, err
         check_storage(job, assumed(job, "the operator does not read the data volume"))
         if apis is not None:
             job = replace(job, native_pod_group=apis.native_pod_group() or job.native_pod_group)
@@ -163,7 +176,12 @@ def _reconcile_once(
             seen = observed(job.namespace, job.name, kind) if observed is not None else None
             children += seen if seen is not None else client.list_children(*kind, job.namespace, job.name)
         children += kueue_workloads(job, children, client)
-        the_plan = plan(job, desired, children, previous, now, progress)
+        if refusal is not None and not any(_kind(child) in OVERLAID for child in children):
+            the_plan = plan_invalid(manifest, _errors(refusal), now)  # nothing runs the overlay: an invalid spec
+        else:
+            the_plan = plan(job, desired, children, previous, now, progress)
+            if refusal is not None:
+                the_plan = held_by_policy(the_plan, refusal, JobStatus.read(previous), now)
     try:
         return apply(the_plan, client, manifest)
     except Refused as err:
@@ -179,6 +197,22 @@ def plan_unavailable(manifest: Mapping[str, Any], message: str, now: datetime) -
     if _valid_message(manifest.get("status") or {}) == message:
         return the_plan
     return replace(the_plan, events=(Event(WARNING, BACKEND_UNAVAILABLE, message), *the_plan.events))
+
+
+def held_by_policy(the_plan: Plan, refusal: OverlayRefused, before: JobStatus, now: datetime) -> Plan:
+    """The plan of a job whose running pods' overlay the policy no longer allows: it creates no pod (nor
+    PyTorchJob), its status says Valid=False naming each field and setting, with a Warning once per message.
+
+    The pods that run are left alone, as Pod Security Admission leaves running pods when a namespace's level
+    is raised; a finished job's status stays as it was.
+    """
+    creates = tuple(obj for obj in the_plan.creates if _kind(obj) not in OVERLAID)
+    if is_terminal(the_plan.status):
+        return replace(the_plan, creates=creates)
+    message = f"{_errors(refusal)} (running pods are left alone; none is created until the policy or the overlay changes)"
+    status = overlay_refused_status(the_plan.status, before, message, now)
+    event = overlay_refusal_event(before, status)
+    return replace(the_plan, status=status, creates=creates, events=(*the_plan.events, *([event] if event else [])))
 
 
 def plan_refused(status: JobStatus, err: Refused, now: datetime) -> Plan:
@@ -199,6 +233,16 @@ def _errors(err: ConfigError) -> str:
     return "; ".join(str(e) for e in err.errors)
 
 
+def _job_of(manifest: Mapping[str, Any], defaults: Optional[OperatorDefaults]) -> Optional[Job]:
+    """The job, also one whose overlay only the policy refuses (its pods may run); None for an invalid spec."""
+    try:
+        return parse_job(manifest, defaults=defaults)
+    except OverlayRefused as err:
+        return err.job
+    except ConfigError:
+        return None
+
+
 def _valid_message(status: Mapping[str, Any]) -> Optional[str]:
     return next((c.get("message") for c in status.get("conditions") or () if c.get("type") == VALID), None)
 
@@ -211,9 +255,8 @@ def progress_pods(
 
     The handlers ask them before the pass, outside the job's lock; the plan takes the answer if the job still runs.
     """
-    try:
-        job = parse_job(manifest, defaults=defaults)
-    except ConfigError:
+    job = _job_of(manifest, defaults)
+    if job is None:
         return []
     if not reports_progress(job.spec.backend, (manifest.get("status") or {}).get("phase")):
         return []
@@ -277,9 +320,8 @@ def kueue_workloads(job: Job, children: Sequence[Mapping[str, Any]], client: Clu
 
 def deletion_events(manifest: Mapping[str, Any], defaults: Optional[OperatorDefaults] = None) -> list[Event]:
     """Events for a deleted job: the checkpoint claim that outlives it, and how to resume from it or free it."""
-    try:
-        job = parse_job(manifest, defaults=defaults)
-    except ConfigError:
+    job = _job_of(manifest, defaults)
+    if job is None:
         return []  # an invalid job made no claim
     claim, ckpt = checkpoint_claim_name(job), job.spec.checkpoint
     if claim is None or (ckpt.claim_name is None and ckpt.reclaim_policy != RETAIN):

@@ -48,6 +48,7 @@ __all__ = [
     "FAILED_CREATE",
     "INTERNAL_ERROR",
     "INVALID_SPEC",
+    "OVERLAY_NOT_ALLOWED",
     "PENDING",
     "PHASES",
     "QUEUED",
@@ -64,6 +65,7 @@ __all__ = [
     "elastic_status",
     "invalid_status",
     "is_terminal",
+    "overlay_refused_status",
     "pytorchjob_status",
     "refused_status",
     "worker_counts",
@@ -79,6 +81,8 @@ INTERNAL_ERROR = "InternalError"
 BACKEND_UNAVAILABLE = "BackendUnavailable"
 # Reasons of a spec refused before anything ran: fixing the spec, the operator or the cluster starts the job.
 SPEC_REASONS = (INVALID_SPEC, CHECKPOINT_STORAGE_TOO_SMALL, INTERNAL_ERROR, BACKEND_UNAVAILABLE)
+# A running job whose pod overlay the operator's policy no longer allows (Valid=False; its pods run on).
+OVERLAY_NOT_ALLOWED = "OverlayNotAllowed"
 # The API server refused to create a child (the Job controller's and ReplicaSet's event reason for the same).
 FAILED_CREATE = "FailedCreate"
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
@@ -232,6 +236,15 @@ def invalid_status(before: JobStatus, generation: int, message: str, now: dateti
         out = replace(out, phase=FAILED,
                       conditions=_conditions(before, FAILED, reason, message, now, valid=(False, reason, message)))
     return out
+
+
+def overlay_refused_status(status: JobStatus, before: JobStatus, message: str, now: datetime) -> JobStatus:
+    """`status` of a job whose running pods' overlay the operator's policy no longer allows: Valid=False
+    (OverlayNotAllowed, `message`), since the pass that first said so; the phase stays the pods'."""
+    old = next((c for c in before.conditions if c.type == VALID), None)
+    since = old.last_transition_time if old is not None and old.status == "False" else None
+    valid = Condition(VALID, "False", OVERLAY_NOT_ALLOWED, message, since or format_time(now))
+    return replace(status, conditions=[valid if c.type == VALID else c for c in status.conditions])
 
 
 def refused_status(status: JobStatus, message: str, now: datetime) -> JobStatus:

@@ -17,9 +17,9 @@ import pytest
 import torch
 import yaml
 from processes import Child, alive, start
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from brain_operator.local import request_checkpoint
+from brain_trainer.checkpoint import shards
 from brain_trainer.checkpoint.store import list_checkpoints
 from brain_trainer.contract import TERMINATION_LOG_ENV
 
@@ -80,11 +80,12 @@ def summary(out: str) -> dict[str, str]:
     return fields
 
 
-def model_weights(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
-    """The model tensors of a committed checkpoint, consolidated without a process group."""
-    out = scratch / f"{checkpoint.parent.parent.name}-{checkpoint.name}.pt"
-    dcp_to_torch_save(checkpoint, out)
-    return torch.load(out, weights_only=False)["model"]
+def model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of a committed checkpoint, consolidated without a process group.
+
+    Read as the trainer reads them: DCP's own dcp_to_torch_save would torch.load the training state's JSON items.
+    """
+    return shards.load_prefix(checkpoint, "model")
 
 
 def process_of(workdir: Path, program: bytes, marker: bytes, what: str) -> int:
@@ -114,11 +115,10 @@ def trainer_of(rank: int, workdir: Path) -> int:
     return process_of(workdir, b"brain_trainer", f"RANK={rank}".encode(), f"trainer of rank {rank}")
 
 
-def same_final_weights(workdir: Path, reference_dir: Path, scratch: Path) -> None:
-    scratch.mkdir()
+def same_final_weights(workdir: Path, reference_dir: Path) -> None:
     final = f"step-{STEPS:08d}"
-    ours = model_weights(claim_of(workdir) / final, scratch)
-    theirs = model_weights(claim_of(reference_dir) / final, scratch)
+    ours = model_weights(claim_of(workdir) / final)
+    theirs = model_weights(claim_of(reference_dir) / final)
     assert ours.keys() == theirs.keys()
     for name in ours:
         assert torch.equal(ours[name], theirs[name]), name
@@ -175,7 +175,7 @@ def test_a_killed_worker_pod_restarts_the_group_and_ends_with_the_same_weights(r
     assert re.search(r"^braintrain: local-minimal-worker-1: (error: exit code -9, no reason from the trainer; restarted, "
                      r"counted|preempted: SIGTERM: step \d+ committed, exiting to be restarted; retried without counting)"
                      r" against runPolicy\.backoffLimit .*: restarting all workers from the newest checkpoint$", out, re.M), out
-    same_final_weights(workdir, reference_dir, tmp_path / "weights")
+    same_final_weights(workdir, reference_dir)
 
 
 @pytest.mark.timeout(600)
@@ -222,7 +222,7 @@ def test_a_frozen_trainer_is_noticed_by_its_peer_and_the_group_resumes_with_the_
     step = int(resumed[0][0].split("/step-")[1][:8])
     assert committed_at_freeze <= step < STEPS
     assert not frozen_left
-    same_final_weights(workdir, reference_dir, tmp_path / "weights")
+    same_final_weights(workdir, reference_dir)
 
 
 def test_a_finished_job_is_complete_and_a_new_run_on_the_same_claim_continues(reference):

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import timedelta
 
 import pytest
 import yaml
+from fake_cluster import FakeCluster
+from test_handlers import NS, T0
+from test_handlers import manifest as job_manifest
 from test_overlay import manifest
+
+from brain_operator import handlers
 
 from brain_operator.cli import main
 from brain_operator.render import render
@@ -155,3 +161,66 @@ def test_the_cli_refuses_a_privileged_sidecar_unless_the_policy_allows_it(tmp_pa
     assert main(["render", str(job)]) == 0
     pods = [obj for obj in yaml.safe_load_all(capsys.readouterr().out) if obj["kind"] == "Pod"]
     assert pods and all(pod["spec"]["containers"][1]["securityContext"]["privileged"] is True for pod in pods)
+
+
+def _operator(cluster, policy: OverlayPolicy, minutes: int = 0) -> handlers.Context:
+    """An operator started with `policy` (the chart's podOverlayPolicy) over the same cluster, `minutes` after T0."""
+    return handlers.Context(client=cluster, defaults=OperatorDefaults(image="registry.example/brain:1", overlay_policy=policy),
+                            clock=lambda: T0 + timedelta(minutes=minutes))
+
+
+def _condition(cluster, kind):
+    return next(c for c in cluster.get_job(NS, "demo")["status"]["conditions"] if c["type"] == kind)
+
+
+def _warnings(cluster):
+    return [(event.reason, event.message) for _, event in cluster.events if event.type == "Warning"]
+
+
+def test_a_tightened_policy_leaves_running_pods_alone_and_creates_no_new_one():
+    cluster = FakeCluster(pod_security="restricted")  # the namespace admits the overlay: only the policy may not
+    cluster.apply_job(job_manifest(podTemplate={"spec": {"serviceAccountName": "builder"}}))
+    handlers.handle(_operator(cluster, OverlayPolicy(service_accounts=["builder"])), NS, "demo")
+    cluster.run_all()
+    writes = len(cluster.writes)
+
+    # The operator restarts with the default policy, which no longer allows the ServiceAccount.
+    handlers.handle(_operator(cluster, OverlayPolicy(), minutes=1), NS, "demo")
+
+    message = ("spec.podTemplate.spec.serviceAccountName: 'builder' is not allowed by the operator's overlay policy "
+               "(podOverlayPolicy.serviceAccounts: []) (running pods are left alone; none is created until the policy "
+               "or the overlay changes)")
+    valid = _condition(cluster, "Valid")
+    assert (valid["status"], valid["reason"], valid["message"]) == ("False", "OverlayNotAllowed", message)
+    assert cluster.get_job(NS, "demo")["status"]["phase"] == "Running"  # the pods say so, not the policy
+    assert sorted(cluster.pods()) == ["demo-worker-0", "demo-worker-1"]
+    assert [op for op, ref in cluster.writes[writes:] if ref.kind == "Pod"] == []
+    assert _warnings(cluster) == [("OverlayNotAllowed", message)]
+
+    # Another pass says nothing new; a lost pod is not replaced under the forbidden overlay.
+    strict = _operator(cluster, OverlayPolicy(), minutes=2)
+    handlers.handle(strict, NS, "demo")
+    assert len(_warnings(cluster)) == 1
+    lost = next(ref for ref in cluster.objects if ref.kind == "Pod" and ref.name == "demo-worker-1")
+    del cluster.objects[lost]
+    handlers.handle(strict, NS, "demo")
+    assert sorted(cluster.pods()) == ["demo-worker-0"]
+    assert [op for op, ref in cluster.writes[writes:] if ref.kind == "Pod"] == []
+    assert _condition(cluster, "Valid")["lastTransitionTime"] == valid["lastTransitionTime"] == "2026-11-22T12:01:00Z"
+
+    # The policy allows it again: the replacement is created and the spec is valid.
+    handlers.handle(_operator(cluster, OverlayPolicy(service_accounts=["builder"])), NS, "demo")
+    assert sorted(cluster.pods()) == ["demo-worker-0", "demo-worker-1"]
+    assert _condition(cluster, "Valid")["status"] == "True"
+
+
+def test_a_job_nothing_runs_yet_is_refused_as_an_invalid_spec():
+    cluster = FakeCluster()
+    cluster.apply_job(job_manifest(podTemplate={"spec": {"serviceAccountName": "builder"}}))
+    handlers.handle(_operator(cluster, OverlayPolicy()), NS, "demo")
+
+    valid = _condition(cluster, "Valid")
+    assert (valid["status"], valid["reason"]) == ("False", "InvalidSpec")
+    assert valid["message"] == ("spec.podTemplate.spec.serviceAccountName: 'builder' is not allowed by the operator's "
+                                "overlay policy (podOverlayPolicy.serviceAccounts: [])")
+    assert cluster.get_job(NS, "demo")["status"]["phase"] == "Failed" and cluster.pods() == {}

@@ -4,7 +4,10 @@ Each hostile payload, once unpickled, creates a marker file; a sanity check
 shows it does. Resume, model.init_from and export then read the tampered
 checkpoint (its manifest's checksums fixed up, as an attacker who can write
 the folder would): no marker, the file and the refused global named, a
-resumed checkpoint moved aside and the previous one loaded.
+resumed checkpoint moved aside and the previous one loaded. The training
+state (progress, schedule, RNG) is JSON in the shard file, and a pickle
+where it belongs is never unpickled; older checkpoints, which torch.save'd
+it, still resume.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from harness import run_ranks
 
 from brain_trainer.checkpoint import CheckpointManager, TrainState, shards, store
+from brain_trainer.checkpoint import state as train_state
 from brain_trainer.checkpoint.state import rng_key
 from brain_trainer.config import CheckpointConfig
 from brain_trainer.model import export as exporter
@@ -60,6 +64,36 @@ class _RngAs(TrainState):
 
     def state_dict(self):
         return {**super().state_dict(), "rng": {f"rank{self.rank}": self.rng}}
+
+
+class _Legacy(TrainState):
+    """Saves as checkpoints did before the training state was JSON: torch.save'd plain values, the RNG item given."""
+
+    def __init__(self, rng: object, scheduler: object = None):
+        fresh = _state()
+        super().__init__(fresh.model, fresh.optimizer, fresh.scheduler)
+        self.rng = rng
+        self.schedule = scheduler
+
+    def state_dict(self):
+        return {**super().state_dict(), "progress": {"step": self.step, "sample_index": self.sample_index},
+                "scheduler": self.schedule or self.scheduler.state_dict(), "rng": {f"rank{self.rank}": self.rng}}
+
+
+class _SavesAs(TrainState):
+    """Saves `items` in place of its own (DCP torch.saves what is not JsonText)."""
+
+    def __init__(self, **items: object):
+        fresh = _state()
+        super().__init__(fresh.model, fresh.optimizer, fresh.scheduler)
+        self.items = items
+
+    def state_dict(self):
+        return {**super().state_dict(), **self.items}
+
+
+def _json(value: object) -> shards.JsonText:
+    return shards.JsonText(json.dumps(value))
 
 
 def _manager(root: Path, rank: int = 0, world_size: int = 1) -> CheckpointManager:
@@ -121,7 +155,8 @@ def test_a_hostile_item_is_refused_and_the_previous_checkpoint_overwrites_what_i
     assert step == 2
     for name, value in good.model.state_dict().items():  # nothing of step 4's model left
         assert torch.equal(state.model.state_dict()[name], value), name
-    assert "step-00000004/__0_0.distcp: rng.rank0: refuses to unpickle builtins.exec" in caplog.text
+    assert ("step-00000004/__0_0.distcp: rng.rank0: holds a pickle where JSON belongs (not unpickled)"
+            in caplog.text)
     assert (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
 
 
@@ -129,7 +164,7 @@ def test_a_refused_load_with_nothing_older_fails_named_and_the_restart_starts_cl
     marker = tmp_path / "ran"
     _save(tmp_path / "ckpt", _RngAs(Payload(marker)), 4)
 
-    with pytest.raises(Fatal, match=r"__0_0.distcp: rng.rank0: refuses to unpickle builtins.exec .*partly read"):
+    with pytest.raises(Fatal, match=r"__0_0.distcp: rng.rank0: holds a pickle where JSON belongs .*partly read"):
         _restore(tmp_path / "ckpt", caplog)
     assert not marker.exists()
 
@@ -150,9 +185,115 @@ def test_a_refusal_on_one_rank_moves_every_rank_to_the_previous_checkpoint(tmp_p
     assert not marker.exists() and (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
 
 
-def test_an_old_pickled_rng_state_is_never_unpickled(tmp_path, caplog):
+def _item_bytes(folder: Path, key: str) -> bytes:
+    """The bytes of one item as they lie in its shard file, found through .metadata."""
+    metadata = shards.read_metadata(folder / shards.METADATA_FILE)
+    [info] = [info for index, info in metadata.storage_data.items() if index.fqn == key]
+    return (folder / info.relative_path).read_bytes()[info.offset : info.offset + info.length]
+
+
+def test_the_training_state_is_json_in_the_shard_file(tmp_path):
+    state = _state()
+    state.optimizer.step(), state.scheduler.step()
+    folder = _save(tmp_path / "ckpt", state, 3)
+
+    assert json.loads(_item_bytes(folder, "progress")) == {"step": 3, "sample_index": 3}
+    assert json.loads(_item_bytes(folder, "scheduler")) == state.scheduler.state_dict()
+    assert set(json.loads(_item_bytes(folder, rng_key(0)))) == {"python", "numpy", "torch", "cuda"}
+
+
+def _scaled(scale: float) -> TrainState:
+    fresh = _state()
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    scaler.scale(torch.ones(()))  # the scale becomes a tensor, as in training
+    return TrainState(fresh.model, fresh.optimizer, fresh.scheduler, scaler)
+
+
+def test_the_grad_scaler_state_is_json_and_resumes_exactly(tmp_path, caplog):
+    folder = _save(tmp_path / "ckpt", _scaled(1024.0), 2)
+    assert json.loads(_item_bytes(folder, "scaler"))["scale"] == 1024.0
+
+    state = _scaled(65536.0)
+    with caplog.at_level(logging.INFO, logger="brain_trainer"):
+        assert _manager(tmp_path / "ckpt").restore(state) == 2
+    assert state.scaler.state_dict() == _scaled(1024.0).scaler.state_dict()
+
+
+def test_a_pickle_where_the_schedule_belongs_is_never_unpickled(tmp_path, caplog):
     marker = tmp_path / "ran"
-    _save(tmp_path / "ckpt", _RngAs(pickle.dumps(Payload(marker))), 4)  # how RNG states were saved before
+    good = _state()
+    _save(tmp_path / "ckpt", good, 2)
+    hostile = _save(tmp_path / "ckpt", _SavesAs(scheduler=Payload(marker)), 4)
+    assert _item_bytes(hostile, "scheduler").startswith(b"PK")  # torch.save's pickle, where older checkpoints had it
+
+    state, step = _restore(tmp_path / "ckpt", caplog)
+
+    assert not marker.exists()
+    assert step == 2 and state.scheduler.state_dict() == good.scheduler.state_dict()
+    assert ("step-00000004/__0_0.distcp: scheduler: holds a pickle where JSON belongs (not unpickled) "
+            "(a checkpoint holds only data; see docs/security.md)") in caplog.text
+    assert hostile.with_name(hostile.name + store.CORRUPT_SUFFIX).is_dir()
+
+
+def test_json_nested_deeper_than_the_parser_recurses_is_refused(tmp_path, caplog):
+    _save(tmp_path / "ckpt", _state(), 2)
+    _save(tmp_path / "ckpt", _SavesAs(scheduler=shards.JsonText("[" * 100_000 + "]" * 100_000)), 4)
+
+    state, step = _restore(tmp_path / "ckpt", caplog)
+
+    assert step == 2
+    assert "step-00000004/__0_0.distcp: scheduler: holds JSON nested too deep" in caplog.text
+
+
+@pytest.mark.parametrize(("items", "problem"), [
+    ({"progress": _json({"step": "4", "sample_index": 4})}, "progress: holds no integer step and sample_index"),
+    ({"scheduler": _json({"optimizer": None})}, "scheduler: names 'optimizer', which brain-train does not write"),
+    ({"scheduler": _json({"last_epoch": "4"})}, "scheduler: last_epoch is a str, not a int"),
+    ({"rng": {"rank0": _json({"python": []})}}, "rng.rank0: holds no RNG states (ValueError:"),
+], ids=["progress", "scheduler-attribute", "scheduler-type", "rng"])
+def test_json_that_is_not_the_state_brain_train_writes_is_refused(tmp_path, caplog, items, problem):
+    _save(tmp_path / "ckpt", _state(), 2)
+    _save(tmp_path / "ckpt", _SavesAs(**items), 4)
+
+    state, step = _restore(tmp_path / "ckpt", caplog)
+
+    assert step == 2 and state.step == 2
+    assert f"step-00000004/__0_0.distcp: {problem}" in caplog.text
+    assert (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
+
+
+def forged_rng_on_rank_one(rank: int, world_size: int, root: str) -> int | None:
+    _save(Path(root), _state(), 2, rank, world_size)
+    forged = _SavesAs(rng={"rank1": _json({"torch": 5})}) if rank == 1 else _state()
+    _save(Path(root), forged, 4, rank, world_size)
+    return _manager(Path(root), rank, world_size).restore(_state())
+
+
+def test_state_refused_on_one_rank_moves_every_rank_to_the_previous_checkpoint(tmp_path):
+    assert run_ranks(forged_rng_on_rank_one, 2, str(tmp_path / "ckpt")) == [2, 2]
+    assert (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
+
+
+def test_an_older_checkpoint_resumes_exactly(tmp_path, caplog):
+    saved = _Legacy(None)
+    saved.optimizer.step(), saved.scheduler.step()
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    saved.rng = str(train_state._capture_rng())  # RNG states as torch.save'd JSON text, the rest plain values
+    _save(tmp_path / "ckpt", saved, 4)
+    assert "progress.step" in shards.saved_shapes(tmp_path / "ckpt" / "step-00000004")  # the older layout
+    expected = _draws()
+
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    state, step = _restore(tmp_path / "ckpt", caplog)
+
+    assert step == 4 and state.sample_index == 4
+    assert state.scheduler.state_dict() == saved.scheduler.state_dict()
+    assert _draws() == expected
+
+
+def test_an_older_checkpoints_pickled_rng_state_is_never_unpickled(tmp_path, caplog):
+    marker = tmp_path / "ran"
+    _save(tmp_path / "ckpt", _Legacy(pickle.dumps(Payload(marker))), 4)  # how RNG states were saved at first
 
     state, step = _restore(tmp_path / "ckpt", caplog)
 
@@ -160,6 +301,18 @@ def test_an_old_pickled_rng_state_is_never_unpickled(tmp_path, caplog):
     assert step == 4 and state.step == 4
     assert f"{rng_key(0)} is a pickle (an older checkpoint): not unpickled; rank 0 keeps its own RNG states" \
         in caplog.text
+
+
+def test_an_older_checkpoints_plain_values_admit_no_code(tmp_path, caplog):
+    marker = tmp_path / "ran"
+    _save(tmp_path / "ckpt", _state(), 2)
+    _save(tmp_path / "ckpt", _Legacy("{}", scheduler={**_state().scheduler.state_dict(), "last_epoch": Payload(marker)}), 4)
+
+    state, step = _restore(tmp_path / "ckpt", caplog)
+
+    assert not marker.exists()
+    assert step == 2
+    assert "step-00000004/__0_0.distcp: scheduler.last_epoch: refuses to unpickle builtins.exec" in caplog.text
 
 
 def _draws() -> list[float]:

@@ -35,7 +35,7 @@ from .derive import (
 )
 from .environment import RESERVED_ENV_KEYS, RESERVED_ENV_PREFIXES, reserved_env_key
 from .model import JOB_BACKENDS, CheckpointSpec, Job, JobSpec
-from .overlay_policy import OverlayPolicy
+from .overlay_policy import OverlayPolicy, OverlayRefused
 from .parse import parse_job
 from ..resource import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
 
@@ -58,6 +58,7 @@ __all__ = [
     "JobSpec",
     "OperatorDefaults",
     "OverlayPolicy",
+    "OverlayRefused",
     "effective_batch_size",
     "is_elastic",
     "node_range",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
-from brain_trainer.schema import camel, setting
+from brain_trainer.schema import ConfigError, FieldError, camel, setting
 
 from .overlay import PodTemplateOverlay, within
 
@@ -66,6 +66,15 @@ class OverlayPolicy:
     service_account_token: bool = setting(
         False, help="the pod's API token: automountServiceAccountToken: true, projected serviceAccountToken volumes"
     )
+
+
+class OverlayRefused(ConfigError):
+    """A spec valid but for what its overlay asks beyond the policy (`errors`, each naming the field and the
+    setting); `job` is the job parsed as if the policy allowed it, for the pods that already run it."""
+
+    def __init__(self, errors: list[FieldError], job: Any):
+        super().__init__(errors)
+        self.job = job
 
 
 # (setting, field below a container, whether the field's value needs the setting); the core/v1 schema check

@@ -12,7 +12,7 @@ from ..names import CHECKPOINT_NOW_ANNOTATION, worker_pod_name
 from .defaults import OperatorDefaults
 from .kube import DNS_LABEL_MAX, NAME_PATTERN, is_namespace
 from .model import Job, JobSpec
-from .overlay_policy import policy_problems
+from .overlay_policy import OverlayRefused, policy_problems
 from ..resource import API_VERSION, KIND
 
 _TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
@@ -25,7 +25,8 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
     `require_image=False` serves the local runner, which runs the trainer from
     this checkout. `defaults` fill the image, pull policy and NCCL env a job omits, bound its pod overlay
     (without them, by the safe default policy) and say who may reach its workers (without them: a
-    NetworkPolicy admitting only the job's own pods).
+    NetworkPolicy admitting only the job's own pods). A spec whose only faults are what its overlay asks
+    beyond the policy raises OverlayRefused, a ConfigError that carries the job as parsed.
     """
     if not isinstance(manifest, Mapping):
         raise ConfigError([FieldError("", f"a BrainTrainingJob must be a mapping, got {type(manifest).__name__}")])
@@ -38,7 +39,8 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
     if manifest.get("kind") != KIND:
         errors.append(FieldError("kind", f"must be {KIND}, got {quoted(manifest.get('kind'))}"))
     name, namespace, uid, generation = _metadata(manifest.get("metadata"), errors)
-    spec = _spec(manifest.get("spec"), defaults, errors)
+    refusals: list[FieldError] = []
+    spec = _spec(manifest.get("spec"), defaults, errors, refusals)
     if spec is not None:
         if require_image and not spec.image:
             errors.append(FieldError(IMAGE_FIELD, f"required: the trainer image the workers run; set it, or the "
@@ -52,12 +54,15 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
                         f"too long: pod hostname {longest!r} would exceed {DNS_LABEL_MAX} characters ({len(longest)})",
                     )
                 )
-    if errors:
+    if len(errors) > len(refusals):
         raise ConfigError(errors)
-    return Job(name=name, namespace=namespace, uid=uid, generation=generation, spec=spec,
-               checkpoint_request=_checkpoint_request(manifest.get("metadata")),
-               created=_created(manifest.get("metadata")),
-               network=(defaults or OperatorDefaults()).network)
+    job = Job(name=name, namespace=namespace, uid=uid, generation=generation, spec=spec,
+              checkpoint_request=_checkpoint_request(manifest.get("metadata")),
+              created=_created(manifest.get("metadata")),
+              network=(defaults or OperatorDefaults()).network)
+    if refusals:
+        raise OverlayRefused(refusals, job)
+    return job
 
 
 def _created(metadata: Any) -> Optional[str]:
@@ -98,7 +103,9 @@ def _metadata(metadata: Any, errors: list[FieldError]) -> tuple[Any, str, str, i
     return name, namespace, uid, generation
 
 
-def _spec(data: Any, defaults: Optional[OperatorDefaults], errors: list[FieldError]) -> Optional[JobSpec]:
+def _spec(data: Any, defaults: Optional[OperatorDefaults], errors: list[FieldError],
+          refusals: list[FieldError]) -> Optional[JobSpec]:
+    """The typed spec, its faults added to `errors`; the overlay policy's refusals go to `refusals` as well."""
     try:
         spec = from_dict(JobSpec, data, path="spec", camel_case=True)
     except ConfigError as exc:
@@ -116,5 +123,6 @@ def _spec(data: Any, defaults: Optional[OperatorDefaults], errors: list[FieldErr
             *overlay.image_pull_secrets,
         ]
     policy = (defaults or OperatorDefaults()).overlay_policy
-    errors.extend(FieldError(f"spec.podTemplate.{path}", message) for path, message in policy_problems(spec.pod_template, policy))
+    refusals.extend(FieldError(f"spec.podTemplate.{path}", message) for path, message in policy_problems(spec.pod_template, policy))
+    errors.extend(refusals)
     return spec

@@ -31,7 +31,7 @@ from ..resilience.failures import Fatal, classify
 from ..schema import ConfigError, FieldError
 from . import compat, resume_from, shards, store
 from .lease import VolumeLease
-from .state import MODEL_PREFIX, TrainState, rng_key
+from .state import MODEL_PREFIX, TrainState, UnexpectedState
 from .young_daly import FIRST_INTERVAL_STEPS, interval_steps
 
 if TYPE_CHECKING:
@@ -210,10 +210,8 @@ class CheckpointManager:
 
     def _template(self, state: TrainState, candidate: store.Candidate) -> dict[str, Any]:
         """What this rank loads of the candidate, once its .metadata says the model fits (nothing read into place)."""
-        template = state.state_dict()
         saved = shards.saved_shapes(candidate.path)
-        if rng_key(self.rank) not in saved:
-            template.pop("rng")  # more ranks than at save time: this one keeps its own RNG
+        template = state.template(saved)
         # Before any load: every rank sees the same manifest and model, so all raise the same error, and
         # the error names the setting (DCP would say "Size mismatch" once per rank, and a restart retries it).
         misfit = compat.mismatch(candidate.manifest, self.manifest_fields, shards.tensor_shapes(template["model"]),
@@ -233,7 +231,15 @@ class CheckpointManager:
             if failure is None:
                 raise  # an I/O error, out of memory, a lost peer: classified as it is, and retried
             raise failure from exc
-        state.load_state_dict(template)
+        try:
+            state.load_state_dict(template)
+            unexpected = None
+        except UnexpectedState as exc:
+            unexpected = (shards.item_file(candidate.path, exc.key), str(exc))
+        # Collective, as DCP's own refusals are: every rank sets the checkpoint aside, or none does.
+        found = next((problem for problem in _gather(unexpected, self.group) if problem is not None), None)
+        if found is not None:
+            raise shards.RefusedCheckpoint(*found)
         if self.rank == 0:
             log.info(
                 "resumed from %s: step %d, global sample index %d, saved at world size %s, now %d, torchrun restart count %s",

@@ -4,18 +4,25 @@ Every rank writes only the shards it owns (DCP deduplicates replicated
 tensors, e.g. under DDP, and spreads their writes over the ranks) and records
 their sizes and checksums; rank 0 then commits the folder (store.commit).
 
+The project's own non-tensor state (JsonText items: the step, the LR
+schedule, the grad scaler, RNG states) is written as UTF-8 JSON bytes, where
+DCP would torch.save (pickle) it, and read back with json alone.
+
 Reading is the project's one way into a checkpoint, and it runs no code from
 it: DCP's `.metadata` is a pickle, unpickled here admitting only the classes
-DCP's metadata is made of; its non-tensor items (numbers, strings, the
-optimizer's param groups) are torch.save pickles, loaded here with torch's
-weights-only unpickler (DCP's own planner loads them with weights_only=False).
-Anything else raises RefusedCheckpoint, naming the file and what it holds.
+DCP's metadata is made of; a JsonText item must be JSON (a pickle there is
+never unpickled); other non-tensor items (the optimizer's param groups, a
+module's extra state, the training state of older checkpoints) are torch.save
+pickles, loaded here with torch's weights-only unpickler (DCP's own planner
+loads them with weights_only=False). Anything else raises RefusedCheckpoint,
+naming the file and what it holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import math
 import os
 import pickle
@@ -32,7 +39,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     _MEM_FORMAT_ENCODING,
@@ -44,7 +51,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem, WriteItem, WriteItemType
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.futures import Future as TorchFuture
 from torch.serialization import _get_layout
@@ -126,24 +133,66 @@ def _refusal(message: str) -> str:
     return f"refuses to unpickle {name if '.' in name else 'builtins.' + name}"
 
 
+class JsonText(str):
+    """A state-dict item that is JSON text: saved as its UTF-8 bytes, loaded as the parsed JSON value.
+
+    In a load's template it says that the item must be JSON: whatever else the file holds there is refused.
+    """
+
+
+# What a pickle begins with where JSON was expected: torch.save's zip archive, or a bare pickle's PROTO opcode.
+_PICKLE_STARTS = (b"PK\x03\x04", b"\x80")
+
+
+def _parse_json(raw: bytes) -> Any:
+    """The JSON value of an item's bytes; ValueError naming what they are instead."""
+    if raw.startswith(_PICKLE_STARTS):
+        raise ValueError("holds a pickle where JSON belongs (not unpickled)")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:  # nesting deeper than Python's parser recurses: no state of ours is near it
+        raise ValueError("holds JSON nested too deep") from None
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError alike
+        raise ValueError(f"holds no valid JSON ({exc})") from None
+
+
+class _JsonSavePlanner(DefaultSavePlanner):
+    """DCP's save planner, writing a JsonText item as its UTF-8 bytes where DCP would torch.save (pickle) it."""
+
+    def transform_object(self, write_item: WriteItem, object: Any) -> Any:
+        if write_item.type == WriteItemType.BYTE_IO and isinstance(object, JsonText):
+            return io.BytesIO(object.encode("utf-8"))
+        return super().transform_object(write_item, object)
+
+
 class _DataOnlyPlanner(DefaultLoadPlanner):
-    """DCP's load planner, loading non-tensor items with torch's weights-only unpickler (DCP's: weights_only=False)."""
+    """DCP's load planner, loading a JsonText item with json, and other non-tensor items with torch's
+    weights-only unpickler (DCP's: weights_only=False)."""
 
     def __init__(self, folder: Path):
         super().__init__()
         self.folder = folder
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        try:
-            loaded = torch.load(value, weights_only=True)
-        except pickle.UnpicklingError as exc:
-            file = self.folder / self.metadata.storage_data[read_item.storage_index].relative_path
-            raise RefusedCheckpoint(file, f"{read_item.storage_index.fqn}: {_refusal(str(exc))}") from None
         fqn = read_item.dest_index.fqn
+        if isinstance(self.state_dict.get(fqn), JsonText):
+            try:
+                loaded = _parse_json(value.getvalue())
+            except ValueError as exc:
+                raise self._refused(read_item, str(exc)) from None
+        else:
+            try:
+                loaded = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as exc:
+                raise self._refused(read_item, _refusal(str(exc))) from None
         if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes puts it
             set_element(self.original_state_dict, self.mappings[fqn], loaded)
         else:
             self.state_dict[fqn] = loaded
+
+    def _refused(self, read_item: ReadItem, problem: str) -> RefusedCheckpoint:
+        file = self.folder / self.metadata.storage_data[read_item.storage_index].relative_path
+        return RefusedCheckpoint(file, f"{read_item.storage_index.fqn}: {problem}")
 
 
 class _ChecksummedFiles(FileSystem):
@@ -193,7 +242,7 @@ def _dist_kwargs(group: dist.ProcessGroup | None) -> dict[str, Any]:
 
 
 def save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None) -> None:
-    dcp.save(state_dict, storage_writer=ShardWriter(folder), **_dist_kwargs(group))
+    dcp.save(state_dict, storage_writer=ShardWriter(folder), planner=_JsonSavePlanner(), **_dist_kwargs(group))
 
 
 def background_stager() -> DefaultStager:
@@ -210,8 +259,8 @@ def async_save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGrou
     Until `staged` is done the tensors in state_dict are being copied and must
     not change; `written` completes once DCP wrote every rank's shards.
     """
-    response = dcp.async_save(state_dict, storage_writer=ShardWriter(folder), async_stager=stager,
-                              **_dist_kwargs(group))
+    response = dcp.async_save(state_dict, storage_writer=ShardWriter(folder), planner=_JsonSavePlanner(),
+                              async_stager=stager, **_dist_kwargs(group))
     return response.staging_completion, response.upload_completion
 
 
@@ -287,6 +336,14 @@ def saved_shapes(folder: Path) -> dict[str, Optional[tuple[int, ...]]]:
     """Every key of a checkpoint with its tensor's global shape (None: not a tensor), from DCP's .metadata."""
     metadata = read_metadata(folder / METADATA_FILE).state_dict_metadata
     return {key: tuple(meta.size) if isinstance(meta, TensorStorageMetadata) else None for key, meta in metadata.items()}
+
+
+def item_file(folder: Path, key: str) -> Path:
+    """The file of `folder` that holds the item `key` (or the items below it), by DCP's .metadata."""
+    metadata = read_metadata(folder / METADATA_FILE)
+    names = (info.relative_path for index, info in metadata.storage_data.items()
+             if index.fqn == key or index.fqn.startswith(key + "."))
+    return folder / next(names, METADATA_FILE)
 
 
 def tensor_shapes(entries: dict[str, Any], prefix: str = "") -> dict[str, tuple[int, ...]]:
