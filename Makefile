@@ -8,11 +8,13 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# torch==2.13.0 is pinned in pyproject.toml (the CPU build on this disk).
+# pyproject.toml's trainer extra admits every supported torch; development pins the newest
+# (the CPU build on this disk; the Dockerfile's TORCH_VERSION is the same).
+TORCH_PIN := torch==2.13.0
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[trainer,dev]'
+	$(PY) -m pip install --quiet -e '.[trainer,dev]' '$(TORCH_PIN)'
 	touch $(STAMP)
 
 # Prepares the standard library's sources with a BPE it trains, then trains and evaluates
