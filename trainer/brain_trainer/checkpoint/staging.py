@@ -40,7 +40,6 @@ class Counts:
     ahead: int = 0
     ahead_bytes: int = 0
     in_saves: int = 0
-    in_saves_bytes: int = 0
 
 
 class Stager(AsyncStager):
@@ -81,8 +80,8 @@ class Stager(AsyncStager):
 
     def allocate(self, state_dict: dict[str, Any]) -> Future:
         """Allocate the buffers for a state dict of this layout, in the staging thread (ahead of the first save)."""
-        layout = [(path, _local(tensor)) for path, tensor in _tensors(state_dict)]
-        self.allocated = self._thread.submit(self._allocate_all, [(path, tuple(t.shape), t.dtype) for path, t in layout])
+        layout = [(path, tuple(_local(tensor).shape), tensor.dtype) for path, tensor in _tensors(state_dict)]
+        self.allocated = self._thread.submit(self._allocate_all, layout)
         return self.allocated
 
     def stage_now(self, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +119,6 @@ class Stager(AsyncStager):
             self.counts.ahead_bytes += buffer.nbytes
         else:
             self.counts.in_saves += 1
-            self.counts.in_saves_bytes += buffer.nbytes
         return buffer
 
     def _page_lock(self, buffer: torch.Tensor) -> None:
