@@ -10,15 +10,17 @@ DEV_STAMP := $(VENV)/.installed-dev
 
 setup: $(DEV_STAMP)
 
-# torch==2.13.0 is pinned in pyproject.toml (the CPU build on this disk).
+# pyproject.toml's trainer extra admits every supported torch; development pins the newest
+# (the CPU build on this disk; the Dockerfile's TORCH_VERSION is the same).
+TORCH_PIN := torch==2.13.0
 $(TRAINER_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[trainer]'
+	$(PY) -m pip install --quiet -e '.[trainer]' '$(TORCH_PIN)'
 	touch $@
 
 $(DEV_STAMP): $(TRAINER_STAMP)
-	$(PY) -m pip install --quiet -e '.[trainer,dev]'
+	$(PY) -m pip install --quiet -e '.[trainer,dev]' '$(TORCH_PIN)'
 	touch $@
 
 # Prepares the standard library's sources with a BPE it trains (once), then trains and evaluates

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import processes
 
+from brain_trainer.version import torch_refusal
+
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 RUNTIME_STAGES = ("trainer", "operator")
@@ -229,7 +231,9 @@ def test_the_locks_cover_what_each_image_needs():
     trainer_lock = _hashed_pins((LOCKS / "trainer.lock").read_text())
     assert trainer - {"torch"} <= set(trainer_lock) and "torch" not in trainer_lock
     assert base <= set(_hashed_pins((LOCKS / "operator.lock").read_text()))
-    [torch_pin] = [req for req in pyproject["project"]["optional-dependencies"]["trainer"] if req.startswith("torch")]
+    # The torch development pins (Makefile), one the trainer supports (pyproject's range, version.py).
+    [torch_pin] = re.findall(r"^TORCH_PIN := (\S+)$", (REPO / "Makefile").read_text(), re.MULTILINE)
+    assert torch_refusal(torch_pin.removeprefix("torch==")) is None
     for path in LOCKS.glob("torch-*.lock"):
         pins = dict(PIN.findall(path.read_text()))
         flavour = path.stem.removeprefix("torch-")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import brain_operator
 import brain_trainer
+import pytest
 import yaml
 from brain_trainer import version
 from processes import run
@@ -56,3 +57,20 @@ def test_the_license_file_is_the_apache_license_pyproject_names():
     assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
     # The distribution ships it (setuptools picks LICENSE up by name).
     assert "LICENSE" in (metadata.metadata(version.DISTRIBUTION).get_all("License-File") or [])
+
+
+def test_pyproject_declares_the_torch_range_the_trainer_checks():
+    [declared] = [req for req in PYPROJECT["optional-dependencies"]["trainer"] if req.startswith("torch")]
+    assert declared == version.TORCH_REQUIREMENT == "torch>=2.11,<2.14"
+
+
+@pytest.mark.parametrize("torch_version", ["2.11.0", "2.11.0+cu130", "2.12.1+cpu", "2.13.0", "2.13.0+cpu"])
+def test_every_torch_of_the_range_is_supported(torch_version):
+    assert version.torch_refusal(torch_version) is None
+
+
+@pytest.mark.parametrize("torch_version", ["2.10.2+cu128", "2.14.0", "2.14.0a0+git1234", "3.0.0", "1.13.1", "nightly"])
+def test_a_torch_outside_the_range_is_refused_in_one_line_naming_both(torch_version):
+    line = version.torch_refusal(torch_version)
+    assert line is not None and "\n" not in line
+    assert f"torch {torch_version} is not supported" in line and version.TORCH_REQUIREMENT in line

@@ -26,14 +26,28 @@ from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
 from .config import load_config
-from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_FLAG, TRAINER_MODULE
-from .resilience.failures import begin_attempt, report
+from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_ERROR_REASON, CONFIG_FLAG, TRAINER_MODULE
+from .resilience.failures import Fatal, begin_attempt, report
+from .version import TORCH_REQUIREMENT, __version__, torch_refusal
+
+log = logging.getLogger(__name__)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=f"python -m {TRAINER_MODULE}", description="Train a BrainAI model (one worker).")
     parser.add_argument(CONFIG_FLAG, dest="config", required=True, metavar="FILE", help="trainer.yaml")
     return parser.parse_args(argv)
+
+
+def check_torch() -> None:
+    """Log this worker's torch; one outside the supported range fails as config-error, before any work."""
+    import torch
+
+    if os.environ.get("RANK", "0") == "0":
+        log.info("brain-train %s on torch %s (supported: %s)", __version__, torch.__version__, TORCH_REQUIREMENT)
+    refusal = torch_refusal(torch.__version__)
+    if refusal is not None:
+        raise Fatal(CONFIG_ERROR_REASON, refusal)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -44,7 +58,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     restarted_after = begin_attempt() if os.environ.get("LOCAL_RANK", "0") == "0" else None
     try:
         cfg = load_config(args.config)
-        from .loop.train import train  # imports torch: only once the config is known to be good
+        check_torch()  # imports torch: only once the config is known to be good
+        from .loop.train import train
 
         # The request file is another key of trainer.yaml's ConfigMap: it lies beside it.
         train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE), started=started,

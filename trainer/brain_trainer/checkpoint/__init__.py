@@ -10,7 +10,8 @@
 
 Modules: store (folder layout, manifest, commit, retention; torch-free, as is
 importing this package),
-shards (DCP reads and writes), state (TrainState), manager (policy), compat (does a
+shards (DCP reads and writes), staging (asynchronous saves' copies to CPU memory, into
+buffers allocated ahead of the first save), state (TrainState), manager (policy), compat (does a
 checkpoint fit this model; which settings changed),
 young_daly (the interval of intervalSteps auto), resume_from (where a run
 starts: latest, none or a step; torch-free), sample_log (opt-in per-step

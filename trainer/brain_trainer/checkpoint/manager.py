@@ -29,7 +29,7 @@ from ..config import AUTO, CheckpointConfig
 from ..contract import ERROR, RUN_ID_ENV, STORAGE_FULL, restart_count
 from ..resilience.failures import Fatal, classify
 from ..schema import ConfigError, FieldError
-from . import compat, resume_from, shards, store
+from . import compat, resume_from, shards, staging, store
 from .lease import VolumeLease
 from .state import MODEL_PREFIX, TrainState, UnexpectedState
 from .young_daly import FIRST_INTERVAL_STEPS, interval_steps
@@ -123,7 +123,8 @@ class CheckpointManager:
         self._pending: Future | None = None  # the save in flight: written, then committed
         self._pending_step = 0  # its step
         self._staged: Future | None = None  # its copy to CPU memory
-        self._stager: Any = None
+        # Asynchronous saves' copies to CPU memory, into buffers allocated after the first step (staging.py).
+        self.stager: staging.Stager | None = None
         self._hook: Any = None
         # Two groups: async saves talk on one from a background thread; restore,
         # barriers and the preemption votes talk on the other from this thread.
@@ -265,6 +266,8 @@ class CheckpointManager:
         if not self.cfg.enabled:
             return
         self._lease.raise_if_fenced()  # rank 0's renewals found a newer group: stop before more work
+        if self.cfg.async_save and self.stager is None:
+            self._warm_up(state)
         saving = self.due(state.step)
         if vote is not None:
             if self.auto and vote.step_s > 0:
@@ -277,6 +280,13 @@ class CheckpointManager:
         if saving:
             with self.save_guard():
                 self._save(state, blocking=not self.cfg.async_save)
+
+    def _warm_up(self, state: TrainState) -> None:
+        """After the first optimizer step (the optimizer's state exists now): the staging buffers of asynchronous
+        saves are allocated in the background, so that no save waits for them (staging.py)."""
+        self.stager = staging.Stager(pin=torch.cuda.is_available(), announce=self.rank == 0)
+        self._hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
+        self.stager.allocate(state.state_dict())
 
     def _choose_interval(self, stall_s: float, mtbf_s: float, step_s: float) -> None:
         """intervalSteps auto: Young/Daly's interval once a save's stall is measured (the slowest rank's figures)."""
@@ -325,8 +335,8 @@ class CheckpointManager:
         if self._hook is not None:
             self._hook.remove()
             if wait:  # else a save in flight may still be writing from the staged buffers
-                self._stager.close()
-            self._hook = self._stager = None
+                self.stager.close()
+            self._hook = self.stager = None
 
     def _needed_bytes(self) -> int:
         if self.last_committed is not None:
@@ -385,13 +395,13 @@ class CheckpointManager:
         state_dict = state.state_dict()
         if blocking:
             with self._explained(state.step):
+                if self.stager is not None:  # the final save of asynchronous ones: into the same buffers
+                    state_dict = self.stager.stage_now(state_dict)
                 shards.save(state_dict, folder, self.group)
-                self._commit(folder, fields, started)
+                self._commit(folder, fields, started, blocking=True)
         else:
-            if self._stager is None:
-                self._stager = shards.background_stager()
-                self._hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
-            self._staged, written = shards.async_save(state_dict, folder, self._save_group, self._stager)
+            assert self.stager is not None  # after_step warmed up
+            self._staged, written = shards.async_save(state_dict, folder, self._save_group, self.stager)
             self._pending = self._executor.submit(self._commit_when_written, written, folder, fields, started)
             self._pending_step = state.step
         self.last_stall_s = time.perf_counter() - started
@@ -411,9 +421,9 @@ class CheckpointManager:
 
     def _commit_when_written(self, written: Future, folder: Path, fields: dict[str, Any], started: float) -> None:
         written.result()
-        self._commit(folder, fields, started)
+        self._commit(folder, fields, started, blocking=False)
 
-    def _commit(self, folder: Path, fields: dict[str, Any], started: float) -> None:
+    def _commit(self, folder: Path, fields: dict[str, Any], started: float, blocking: bool) -> None:
         # DCP returns on every rank only after all shards and .metadata are written.
         if self.rank != 0:
             return
@@ -424,7 +434,12 @@ class CheckpointManager:
         if self._requested is not None and self._requested[1] <= fields["step"]:
             self.answered, self._requested = self._requested, None
         size = sum(f["size"] for f in manifest["files"].values())
-        log.info("checkpoint %s committed: %.1f MB in %.2f s", final, size / 1e6, time.perf_counter() - started)
+        took = time.perf_counter() - started
+        # A blocking save blocks the loop throughout. An asynchronous one's only later wait (the next optimizer
+        # step's, for its copy) is over or next to nothing by now: the copy ended before the files were written.
+        stall = took if blocking else self.last_stall_s
+        log.info("checkpoint %s committed: %.1f MB in %.2f s, the training loop blocked %.3f s", final, size / 1e6,
+                 took, stall)
         for path in store.apply_retention(self.root, self.cfg.keep_last):
             log.info("retention (keep_last=%d): deleted %s", self.cfg.keep_last, path)
 

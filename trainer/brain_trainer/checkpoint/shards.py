@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem, WriteItem, WriteItemType
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import AsyncStager
 from torch.futures import Future as TorchFuture
 from torch.serialization import _get_layout
 from torch.utils.serialization import config as serialization_config
@@ -245,15 +245,8 @@ def save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | No
     dcp.save(state_dict, storage_writer=ShardWriter(folder), planner=_JsonSavePlanner(), **_dist_kwargs(group))
 
 
-def background_stager() -> DefaultStager:
-    """Copies state to CPU memory in a background thread, reusing its buffers from one save to the next."""
-    cuda = torch.cuda.is_available()
-    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
-                                        use_non_blocking_copy=cuda))
-
-
 def async_save(state_dict: dict[str, Any], folder: Path, group: dist.ProcessGroup | None,
-               stager: DefaultStager) -> tuple[Future, Future]:
+               stager: AsyncStager) -> tuple[Future, Future]:
     """Start a save; returns (staged, written) futures.
 
     Until `staged` is done the tensors in state_dict are being copied and must
