@@ -18,8 +18,9 @@ from processes import run
 
 REPO = Path(__file__).resolve().parents[1]
 MAKE = shutil.which("make")
-TRAINER_ONLY = "-m pip install --quiet -e '.[trainer]'"
-WITH_DEV = "-m pip install --quiet -e '.[trainer,dev]'"
+# With the torch development pins (the supported range would let pip pick another build).
+TRAINER_ONLY = "-m pip install --quiet -e '.[trainer]' 'torch==2.13.0'"
+WITH_DEV = "-m pip install --quiet -e '.[trainer,dev]' 'torch==2.13.0'"
 DATA_CLAIM = "stdlib-tokens"
 
 BRAINTRAIN = f"""#!{sys.executable}

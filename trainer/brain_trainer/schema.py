@@ -207,7 +207,7 @@ def _convert(tp: Any, value: Any, path: str, camel_case: bool, errors: list[Fiel
     if value is None:
         if optional:
             return None
-        errors.append(FieldError(path, f"must not be null"))
+        errors.append(FieldError(path, "must not be null"))
         return None
     if kind == "dataclass":
         if not isinstance(value, Mapping):
