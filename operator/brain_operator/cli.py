@@ -262,3 +262,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("braintrain: interrupted", file=sys.stderr)
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
