@@ -37,9 +37,12 @@ def worker_pod_name(job_name: str, index: int, attempt: int = 0) -> str:
 
     A replacement name too long for a DNS label keeps the start of the job
     name and a digest of all of it, so two long job names sharing a prefix
-    still name different pods.
+    still name different pods. The first name is the hostname as well, which
+    the job's validation keeps within a DNS label.
     """
-    suffix = f"-worker-{index}" + (f"-{attempt}" if attempt else "")
+    if not attempt:
+        return f"{job_name}-worker-{index}"  # also the hostname: spec/parse.py keeps it a DNS label
+    suffix = f"-worker-{index}-{attempt}"
     if len(job_name) + len(suffix) <= POD_NAME_MAX:
         return f"{job_name}{suffix}"
     digest = hashlib.sha256(job_name.encode()).hexdigest()[:NAME_DIGEST]

@@ -183,10 +183,11 @@ class FakeCluster:
     def __init__(self, *, kueue: bool = False, pod_security: str = "privileged",
                  validate: Optional[Callable[[Mapping[str, Any]], Optional[dict]]] = None,
                  served: Any = OPTIONAL, forbidden: Any = ()) -> None:
-        self.kueue = kueue
         # The optional (apiVersion, kind)s the API server serves, and those RBAC refuses the operator to create.
         self.served, self.forbidden = set(served), set(forbidden)
-        # Admission, in the API server's order: validation of the object, then the admission plugins (PSA).
+        # Admission, in the API server's order (k8s.io/apiserver pkg/admission): mutating webhooks change the
+        # object (Kueue's), then validation of the object and the validating plugins (PSA) may refuse it.
+        self.mutating: list[Callable[[dict], None]] = [self._kueue_webhook] if kueue else []
         self.admission = [check for check in (validate, pod_security_restricted if pod_security == "restricted"
                                               else None) if check is not None]
         self.objects: dict[ObjectRef, dict] = {}
@@ -236,14 +237,14 @@ class FakeCluster:
             # the object is removed (staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go, Create).
             self.writes.append(("already_exists", ref))
             return already_exists(obj, copy.deepcopy(existing))
+        stored = copy.deepcopy(dict(obj))
+        for mutate in self.mutating:
+            mutate(stored)
         for check in self.admission:
-            status = check(obj)
+            status = check(stored)
             if status is not None:
                 self.writes.append(("refused", ref))
                 raise Refused.of(f"create {ref}", status["code"], status)
-        stored = copy.deepcopy(dict(obj))
-        if self.kueue and QUEUE_LABEL in (stored["metadata"].get("labels") or {}):
-            self._kueue_webhook(stored)
         stored["metadata"].setdefault("uid", f"uid-{next(self._uids)}")
         stored["metadata"].setdefault("generation", 1)
         stored["metadata"].setdefault("creationTimestamp", format_time(self.now))
@@ -345,6 +346,10 @@ class FakeCluster:
 
     # -- the test's side: the user, the kubelet, the garbage collector, Kueue --
     def _kueue_webhook(self, obj: dict) -> None:
+        """Kueue's mutating webhook on a queued object: a pod gated and held by its finalizer, a PyTorchJob
+        suspended."""
+        if QUEUE_LABEL not in (obj["metadata"].get("labels") or {}):
+            return
         if obj["kind"] == "Pod":
             obj["spec"].setdefault("schedulingGates", []).append({"name": ADMISSION_GATE})
             obj["metadata"].setdefault("finalizers", []).append("kueue.x-k8s.io/managed")

@@ -51,19 +51,25 @@ def warnings(cluster, reason):
 
 def test_a_running_pod_is_terminating_until_its_kubelet_confirms_and_an_unscheduled_or_failed_one_goes_at_once():
     cluster = FakeCluster()
-    running_on_nodes(cluster)
+    running_on_nodes(cluster, nodes=3)
     cluster.now = T0 + timedelta(seconds=5)
     cluster.delete(pod_ref("j-worker-0"))
     meta = cluster.pods()["j-worker-0"]["metadata"]
     assert meta["deletionTimestamp"] == "2026-11-22T12:05:05Z" and meta["deletionGracePeriodSeconds"] == GRACE
     assert cluster.kubelet_confirms() == ["j-worker-0"] and "j-worker-0" not in cluster.pods()
+    cluster.exit_pod("j-worker-1", 1)  # finished: nothing left to stop
+    cluster.delete(pod_ref("j-worker-1"))
+    cluster.objects[pod_ref("j-worker-2")]["spec"].pop("nodeName")  # never scheduled
+    cluster.delete(pod_ref("j-worker-2"))
+    assert cluster.pods() == {}
+
+
+def test_a_force_delete_removes_a_pod_no_kubelet_confirms():
+    cluster = FakeCluster()
+    running_on_nodes(cluster)
     cluster.lose_node("node-1")
     assert cluster.kubelet_confirms() == [] and cluster.pods()["j-worker-1"]["metadata"]["deletionTimestamp"]
     cluster.delete(pod_ref("j-worker-1"), grace=0)  # kubectl delete pod --force
-    assert "j-worker-1" not in cluster.pods()
-    running_on_nodes(cluster)
-    cluster.exit_pod("j-worker-1", 1)  # finished: nothing left to stop
-    cluster.delete(pod_ref("j-worker-1"))
     assert "j-worker-1" not in cluster.pods()
 
 
