@@ -37,6 +37,8 @@ WATCH_SELECTOR = JOB_NAME_LABEL
 
 # creationTimestamp and a container's finishedAt say which group a failed pod was in (incidents.py).
 _METADATA = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "creationTimestamp")
+# Of the controller's owner reference, what says whose child it is (reconcile counts only this job's uid's).
+_OWNER = ("apiVersion", "kind", "uid", "controller")
 _POD_STATUS = ("phase", "reason", "message", "podIP")
 
 
@@ -48,6 +50,9 @@ def observed_child(body: Mapping[str, Any]) -> dict[str, Any]:
         "kind": body["kind"],
         "metadata": {key: _plain(meta[key]) for key in _METADATA if meta.get(key) is not None},
     }
+    controller = next((owner for owner in meta.get("ownerReferences") or () if owner.get("controller")), None)
+    if controller is not None:
+        out["metadata"]["ownerReferences"] = [{key: controller[key] for key in _OWNER if key in controller}]
     if body["kind"] == "Pod":
         spec, status = body.get("spec") or {}, body.get("status") or {}
         kept_spec = {key: _plain(spec[key]) for key in ("schedulingGates", "nodeName") if spec.get(key)}
