@@ -9,6 +9,8 @@ hundred bytes instead of the several kilobytes the API server sends.
 
 PyTorchJobs are not watched (the Kubeflow backend is optional and its RBAC
 with it): reconcile lists them, as it lists Kueue's Workloads of a held job.
+The pods Kubeflow makes for a PyTorchJob carry its template's job labels, so
+the pod watch keeps them with ours: reconcile reads why they wait from them.
 """
 
 from __future__ import annotations

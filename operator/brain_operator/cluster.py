@@ -34,7 +34,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from .backoff import Backoff, retry_after
-from .discovery import OPTIONAL, ServedApis
+from .discovery import OPTIONAL, ServedApis, verb
 from .events import Event
 from .logs import job_logger
 from .names import JOB_NAME_LABEL, label_selector
@@ -214,7 +214,7 @@ class KubernetesClient:
 
     def discover(self, namespaces: Sequence[str]) -> ServedApis:
         """The API server's discovery document of each optional group version (a 404: not served), then one
-        SelfSubjectAccessReview per served kind and namespace: may the operator create it there?"""
+        SelfSubjectAccessReview per served kind and namespace: may the operator create it (list a Workload) there?"""
         served: dict[tuple[str, str], str] = {}
         for api_version in sorted({version for version, _ in OPTIONAL}):
             for resource in self._resources(api_version):
@@ -223,7 +223,7 @@ class KubernetesClient:
                     served[kind] = resource["name"]
         forbidden = frozenset(
             (namespace, *kind) for kind, plural in served.items() for namespace in namespaces
-            if not self._may_create(namespace, kind[0].split("/")[0], plural)
+            if not self._may(verb(kind), namespace, kind[0].split("/")[0], plural)
         )
         return ServedApis(served=frozenset(served), forbidden=forbidden)
 
@@ -238,11 +238,11 @@ class KubernetesClient:
             raise
         return list((found or {}).get("resources") or [])
 
-    def _may_create(self, namespace: str, group: str, plural: str) -> bool:
+    def _may(self, action: str, namespace: str, group: str, plural: str) -> bool:
         review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": "create", "group": group,
+                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": action, "group": group,
                                                   "resource": plural}}}
-        answer = self._call(f"may create {plural}.{group} in {namespace or 'every namespace'}", lambda: client
+        answer = self._call(f"may {action} {plural}.{group} in {namespace or 'every namespace'}", lambda: client
                             .AuthorizationV1Api(self._api)
                             .create_self_subject_access_review(review, _request_timeout=REQUEST_TIMEOUT_SECONDS))
         return bool(answer.status and answer.status.allowed)

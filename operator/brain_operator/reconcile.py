@@ -61,7 +61,7 @@ from .on_demand import answered_events, request_events
 from .stalled import stalled_status
 from .pods import PENDING, PodView, created_at, ended_at, is_disruption, pod_view
 from .progress import progress_status, reports_progress
-from .render import checkpoint_claim_name, render, selector
+from .render import KUBEFLOW_JOB_NAME_LABEL, checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
 from .spec import Job, OperatorDefaults, OverlayRefused, effective_batch_size, node_range, parse_job, resolved_strategy
 from .spec.model import FAIL_JOB, RETAIN
@@ -368,11 +368,9 @@ def make_writes(
 
 
 def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """The kinds of child to list: what the renderer makes, and pods for the elastic backend even when none is wanted."""
-    kinds = {(obj["apiVersion"], obj["kind"]) for obj in desired}
-    if job.spec.backend == "elastic":
-        kinds.add(POD)
-    return sorted(kinds)
+    """The kinds of child to list: what the renderer makes, and pods (ours, or Kubeflow's for a PyTorchJob: why they
+    wait) even when none is wanted."""
+    return sorted({(obj["apiVersion"], obj["kind"]) for obj in desired} | {POD})
 
 
 def kueue_workloads(job: Job, children: Sequence[Mapping[str, Any]], client: ClusterClient) -> list[dict]:
@@ -690,6 +688,7 @@ def _plan_pytorchjob(
         selector=selector(job),
         now=now,
         queued=_kueue_reason(job, existing) if current is not None and _kueue_holds(job, current) else None,
+        waiting=None if terminal else waiting(_kubeflow_pods(job, existing), now),
     )
     return Plan(
         status=status,
@@ -697,6 +696,12 @@ def _plan_pytorchjob(
         patches=tuple(patches),
         events=tuple(compute_events(before, status, [])),
     )
+
+
+def _kubeflow_pods(job: Job, existing: Mapping[ObjectRef, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The pods the training operator made for the job's PyTorchJob (named after the job), by its own label."""
+    return [obj for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD
+            and ((obj.get("metadata") or {}).get("labels") or {}).get(KUBEFLOW_JOB_NAME_LABEL) == job.name]
 
 
 def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any], *, kueue: bool) -> dict[str, Any]:

@@ -31,11 +31,12 @@ CONTAINER_CREATING = "ContainerCreating"
 STUCK_TERMINATING = "StuckTerminating"
 # Children an earlier job of the same name left (another owner uid): this one starts once they are gone.
 EARLIER_JOB = "EarlierJobTerminating"
+RUN_CONTAINER_ERROR = "RunContainerError"
 # Container waiting reasons of a normal start: not worth a word until they last (ContainerCreating) or never.
 STARTING = ("PodInitializing", CONTAINER_CREATING)
 # Most decisive first: a broken pod spec (secret, image) before the cluster's capacity, capacity before time.
 PRIORITY = ("CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff",
-            "CreateContainerError", "RunContainerError", "CrashLoopBackOff", UNSCHEDULABLE, STUCK_TERMINATING,
+            "CreateContainerError", RUN_CONTAINER_ERROR, "CrashLoopBackOff", UNSCHEDULABLE, STUCK_TERMINATING,
             EARLIER_JOB, CONTAINER_CREATING)
 # A scheduled pod still creating its containers this long is waiting for a volume (or a very large image).
 CONTAINER_CREATING_SECONDS = 180

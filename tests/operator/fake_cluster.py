@@ -370,8 +370,13 @@ class FakeCluster:
                 obj["spec"]["runPolicy"]["suspend"] = False
 
     def put(self, obj: Mapping[str, Any]) -> None:
-        """An object another controller made (a Kueue Workload)."""
-        self.objects[ObjectRef.of(obj)] = self._stamp(copy.deepcopy(dict(obj)))
+        """An object another controller made (a Kueue Workload, Kubeflow's pods): listed by the job label it carries,
+        as a label selector finds it."""
+        ref = ObjectRef.of(obj)
+        self.objects[ref] = self._stamp(copy.deepcopy(dict(obj)))
+        job_name = (obj["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
+        if job_name is not None:
+            self._children.setdefault((ref.api_version, ref.kind, ref.namespace, job_name), set()).add(ref)
 
     def delete_job(self, name: str, namespace: str = "default") -> dict:
         """kubectl delete btj: the job goes (it carries no finalizer); what it owns stays until `collect_garbage`."""
