@@ -77,8 +77,9 @@ def run_preflight(seconds: float, rank: int, world_size: int, device: torch.devi
         log.error("rank %d: %s: %s", rank, NETWORK_ERROR, line)
         write_termination(NETWORK_ERROR, line)
         os._exit(EXIT_CODES[NETWORK_ERROR])
-    log.info("rank %d: preflight all-reduce %.3f s, barrier %.3f s", rank, done.all_reduce_seconds,
-             done.barrier_seconds)
+    if rank == 0:  # one line for the job, as every other progress line is rank 0's
+        log.info("preflight: all-reduce %.3f s, barrier %.3f s over %d ranks", done.all_reduce_seconds,
+                 done.barrier_seconds, world_size)
     return done
 
 
