@@ -516,6 +516,25 @@ class FakeCluster:
                                                       if g["name"] != ADMISSION_GATE]
                     self._stamp(pod)
 
+    def kueue_preempt(self, group: str, namespace: str = "default") -> None:
+        """Kueue's scheduler preempts the group's Workload for a higher-priority one: Evicted (reason Preempted),
+        its quota released and requeued; the job reconciler's "handle eviction" stops the group: each pod not
+        already ended, gated or deleted gets TerminationTarget and a delete, and keeps its finalizer
+        (pkg/scheduler/preemption/preemption.go; reconciler.go stopJob; pod_controller.go Stop)."""
+        wl = self.objects[ObjectRef(*WORKLOAD, namespace, group)]
+        _set_workload_condition(wl, "Evicted", True, "Preempted", "Preempted to accommodate a higher priority Workload")
+        _set_workload_condition(wl, QUOTA_RESERVED, False, "Pending", "Preempted to accommodate a higher priority Workload")
+        _set_workload_condition(wl, "Admitted", False, "Pending", "Preempted")
+        self._stamp(wl)
+        for ref in self._group_pods(namespace, group):
+            pod = self.objects[ref]
+            if pod["metadata"].get("deletionTimestamp") or _finished(pod) or gated_by_kueue(pod):
+                continue
+            pod["status"].setdefault("conditions", []).append({
+                "type": "TerminationTarget", "status": "True", "reason": "WorkloadEvicted",
+                "message": "Preempted to accommodate a higher priority Workload", "lastTransitionTime": format_time(self.now)})
+            self._delete(ref, None)
+
     def _group_finished(self, pods: list[dict]) -> bool:
         if not pods:
             return False
