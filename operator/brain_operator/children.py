@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from .names import JOB_NAME_LABEL
 from .pods import DISRUPTION_TARGET
-from .schedulers import POD_GROUP_KINDS
+from .schedulers import POD_GROUP_KINDS, TERMINATION_TARGET
 
 # (apiVersion, kind, plural, index name) of every watched child kind; the index name is kopf's handler id.
 WATCHED: tuple[tuple[str, str, str, str], ...] = (
@@ -37,8 +37,9 @@ WATCHED_KINDS = frozenset((api_version, kind) for api_version, kind, _, _ in WAT
 # The server-side selector of every watch: objects that carry the job label at all.
 WATCH_SELECTOR = JOB_NAME_LABEL
 
-# creationTimestamp and a container's finishedAt say which group a failed pod was in (incidents.py).
-_METADATA = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "creationTimestamp")
+# creationTimestamp and a container's finishedAt say which group a failed pod was in (incidents.py); finalizers
+# say whether Kueue keeps an ended pod (schedulers.held_by_kueue).
+_METADATA = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "creationTimestamp", "finalizers")
 # Of the controller's owner reference, what says whose child it is (reconcile counts only this job's uid's).
 _OWNER = ("apiVersion", "kind", "uid", "controller")
 _POD_STATUS = ("phase", "reason", "message", "podIP")
@@ -80,7 +81,7 @@ def _condition(condition: Mapping[str, Any]) -> dict[str, Any]:
         keys += ("reason", "message")
     if condition.get("type") == "PodScheduled":
         keys += ("lastTransitionTime",)
-    if condition.get("type") == DISRUPTION_TARGET:
+    if condition.get("type") in (DISRUPTION_TARGET, TERMINATION_TARGET):
         # Which disruption, and when: a pod deleted while it runs ended then (failure_policy.py, incidents.py).
         keys += ("reason", "message", "lastTransitionTime")
     return {key: condition[key] for key in keys if condition.get(key) is not None}

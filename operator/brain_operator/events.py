@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from .failure_policy import consequence, explain
 from .job_status import CREATE_REFUSED, FAILED, RESTARTING, VALID, WORKERS_READY, Condition, JobStatus
-from .pods import DISRUPTION_TARGET, terminated_states, true_condition
+from .pods import disruption_condition, terminated_states
 from .spec.model import FailurePolicySpec
 
 NORMAL, WARNING = "Normal", "Warning"
@@ -42,7 +42,7 @@ def pod_exit(pod: Mapping[str, Any]) -> PodExit:
     terminated = next(iter(terminated_states(pod)), {})
     # A pod-level reason (Evicted, Preempted) explains more than the container's; a pod deleted while it ran
     # has only its DisruptionTarget's (DeletionByTaintManager, PreemptionByScheduler, ...).
-    target = true_condition(status, DISRUPTION_TARGET) or {}
+    target = disruption_condition(status) or {}
     reason = status.get("reason") or terminated.get("reason") or target.get("reason") or "Error"
     return PodExit(reason=reason, exit_code=terminated.get("exitCode"))
 

@@ -28,7 +28,7 @@ from brain_trainer.contract import (
 
 from brain_trainer.schema import camel
 
-from .pods import DISRUPTION_TARGET, is_disruption, true_condition, terminated_states
+from .pods import disruption_condition, is_disruption, terminated_states
 from .spec.model import FAIL_JOB, RESTART, RESTART_NOT_COUNTED, FailurePolicySpec
 
 # The kubelet's reason for a container killed at its memory limit.
@@ -72,7 +72,7 @@ def pod_reason(pod: Mapping[str, Any]) -> tuple[str, str]:
     if disrupted:
         status = pod.get("status") or {}
         # A pod deleted while still running says why only in its DisruptionTarget condition.
-        target = true_condition(status, DISRUPTION_TARGET) or {}
+        target = disruption_condition(status) or {}
         why = status.get("reason") or target.get("reason") or "disrupted"
         said = status.get("message") or target.get("message")
         return PREEMPTED_REASON, f"{why}: {said}" if said else why

@@ -58,7 +58,7 @@ from .metrics import OperatorMetrics
 from .names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
 from .pods import RUNNING as POD_RUNNING
 from .progress import POLL_SECONDS
-from .reconcile import Observed, deletion_events, progress_pods, reconcile
+from .reconcile import Observed, deletion_deletes, deletion_events, progress_pods, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults
 
 log = logging.getLogger(__name__)
@@ -399,10 +399,12 @@ for _api_version, _, _plural, _index in WATCHED:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def on_job_event(type: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    # Gone for good (no finalizer holds it): say which checkpoint claim outlives it.
+    # Gone for good (no finalizer holds it): say which checkpoint claim outlives it, and end its Kueue pod group.
     if type == "DELETED":
         for event in deletion_events(body, memo.context.defaults):
             memo.context.client.post_event(body, event)
+        for ref in deletion_deletes(body, memo.context.defaults):
+            memo.context.client.delete(ref)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional
 from brain_trainer.contract import PREEMPTED, PREEMPTED_MESSAGE, parse_time
 
 from .names import REPLICA_INDEX_LABEL
-from .schedulers import gated_by_kueue
+from .schedulers import TERMINATION_TARGET, gated_by_kueue
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 
@@ -39,6 +39,12 @@ class PodView:
         return self.phase in (SUCCEEDED, FAILED)
 
 
+def disruption_condition(status: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    """The condition that says something outside the job is stopping the pod: Kubernetes' DisruptionTarget, or
+    Kueue's TerminationTarget on a pod of an evicted or preempted Workload."""
+    return true_condition(status, DISRUPTION_TARGET) or true_condition(status, TERMINATION_TARGET)
+
+
 def true_condition(status: Mapping[str, Any], kind: str) -> Optional[Mapping[str, Any]]:
     """The condition of type `kind` when its status is "True", else None."""
     return next(
@@ -59,7 +65,7 @@ def ended_at(pod: Mapping[str, Any]) -> Optional[datetime]:
     known = [t for t in finished if t is not None]
     if known:
         return max(known)
-    return _time((true_condition(pod.get("status") or {}, DISRUPTION_TARGET) or {}).get("lastTransitionTime"))
+    return _time((disruption_condition(pod.get("status") or {}) or {}).get("lastTransitionTime"))
 
 
 def created_at(pod: Mapping[str, Any]) -> Optional[datetime]:
@@ -94,13 +100,13 @@ def _replica_index(meta: Mapping[str, Any]) -> Optional[int]:
 def is_disruption(pod: Mapping[str, Any]) -> bool:
     """Whether the pod ended because something outside the job stopped it.
 
-    Evictions, preemptions and node drains are retried for free; so is a
+    Evictions, preemptions (Kueue's too) and node drains are retried for free; so is a
     trainer that exited with PREEMPTED after checkpointing on SIGTERM.
     """
     status = pod.get("status") or {}
     if status.get("reason") in DISRUPTION_REASONS:
         return True
-    if true_condition(status, DISRUPTION_TARGET) is not None:
+    if disruption_condition(status) is not None:
         return True
     return any(
         t.get("exitCode") == PREEMPTED or PREEMPTED_MESSAGE in (t.get("message") or "") for t in terminated_states(pod)

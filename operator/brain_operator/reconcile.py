@@ -62,7 +62,8 @@ from .stalled import stalled_status
 from .pods import PENDING, PodView, created_at, ended_at, is_disruption, pod_view
 from .progress import progress_status, reports_progress
 from .render import KUBEFLOW_JOB_NAME_LABEL, checkpoint_claim_name, render, selector
-from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
+from .schedulers import (JOB_UID_LABEL, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL, RETRIABLE_IN_GROUP_ANNOTATION,
+                         WORKLOAD, held_by_kueue, pending_reason)
 from .spec import Job, OperatorDefaults, OverlayRefused, effective_batch_size, node_range, parse_job, resolved_strategy
 from .spec.model import FAIL_JOB, RETAIN
 from .status import (
@@ -377,7 +378,8 @@ def kueue_workloads(job: Job, children: Sequence[Mapping[str, Any]], client: Clu
     """Kueue's Workloads for a job it holds back (none otherwise: a running job costs no call).
 
     A plain pod group's Workload is named after the group (the job); a
-    PyTorchJob's carries the PyTorchJob's uid in JOB_UID_LABEL.
+    PyTorchJob's carries the PyTorchJob's uid in JOB_UID_LABEL, and is read
+    also while the job's suspend is not yet applied to it (`_kueue_activation`).
     """
     if not job.spec.scheduling.queue_name:
         return []
@@ -385,7 +387,9 @@ def kueue_workloads(job: Job, children: Sequence[Mapping[str, Any]], client: Clu
         if not _all_gated(pod_view(c) for c in children if _kind(c) == POD):
             return []
         return client.list_objects(*WORKLOAD, job.namespace, field_selector=f"metadata.name={job.name}")
-    held = [c for c in children if _kind(c) == PYTORCHJOB and _kueue_holds(job, c)]
+    noted = str(job.spec.run_policy.suspend).lower()
+    held = [c for c in children if _kind(c) == PYTORCHJOB
+            and (_kueue_holds(job, c) or _annotations(c).get(SUSPEND_ANNOTATION) != noted)]
     return [
         workload
         for pytorchjob in held
@@ -408,6 +412,16 @@ def deletion_events(manifest: Mapping[str, Any], defaults: Optional[OperatorDefa
         f"spec.checkpoint.claimName); kubectl delete pvc {claim} -n {job.namespace} frees it"
     )
     return [Event(NORMAL, "CheckpointClaimKept", f"checkpoint claim {claim} is kept after the job: {how}")]
+
+
+def deletion_deletes(manifest: Mapping[str, Any], defaults: Optional[OperatorDefaults] = None) -> list[ObjectRef]:
+    """What to delete for a deleted job: a queued elastic job's Kueue Workload. The garbage collector deletes its
+    pods, but Kueue's finalizer would keep them, and the group's quota, for good; a deleted Workload makes Kueue
+    stop and finalize every pod of the group (pod_controller.go Stop, StopReasonWorkloadDeleted)."""
+    job = _job_of(manifest, defaults)
+    if job is None or job.spec.backend != "elastic" or not job.spec.scheduling.queue_name:
+        return []
+    return [group_workload(job)]
 
 
 def plan_invalid(manifest: Mapping[str, Any], message: str, now: datetime, reason: str = INVALID_SPEC) -> Plan:
@@ -484,7 +498,9 @@ def _plan_elastic(
     wanted = {pod_view(o).index: o for o in desired if (o["apiVersion"], o["kind"]) == POD}
     pods = {ref: pod_view(obj) for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD}
     live = {ref: p for ref, p in pods.items() if not p.terminating}
-    stuck = {ref for ref in pods if stuck_terminating(existing[ref], now)}
+    # Ended pods Kueue's finalizer keeps until a replacement exists: they hold their names, not their places.
+    kept = {ref for ref in pods if held_by_kueue(existing[ref])}
+    stuck = {ref for ref in pods if stuck_terminating(existing[ref], now) or (ref in kept and pods[ref].terminating)}
     restarts = before.restarts
     terminal = is_terminal(before)
     failed_now = [existing[ref] for ref, p in live.items() if p.phase == FAILED]
@@ -496,6 +512,7 @@ def _plan_elastic(
                  and pod_uid(existing[ref]) not in handled]
     verdicts: dict[ObjectRef, Verdict] = {}
     incident = before.incident
+    regroup: list[ObjectRef] = []
     if terminal:
         # Stop what still runs (a failed job's siblings); after the TTL, remove every pod.
         expired = _ttl_expired(before, policy.ttl_seconds_after_finished, now)
@@ -517,8 +534,13 @@ def _plan_elastic(
                                 still_open(before.incident, step), _blocked(wanted, pods, existing), step)
         verdicts = dict(zip(judged, found))
         incident = incident or before.incident
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, verdicts, regroup, stuck)
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, verdicts, regroup, stuck, kept)
     creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
+    queued = bool(spec.scheduling.queue_name)
+    # Suspend and resize end the Kueue pod group: its Workload deleted, Kueue stops and finalizes every pod of it
+    # (kueue pkg/controller/jobframework/reconciler.go, "The workload is marked for deletion"; pod_controller.go
+    # Stop with StopReasonWorkloadDeleted then Finalize). Deleting the pods alone would leave them on the finalizer.
+    ends_group = queued and not terminal and ((policy.suspend and bool(live)) or bool(regroup))
 
     gone = set(pod_plan.deletes)
     # A failed pod is reported once: when it is replaced, or when it ends the job.
@@ -547,8 +569,9 @@ def _plan_elastic(
     return Plan(
         status=status,
         creates=tuple(creates),
-        deletes=tuple(pod_plan.deletes),
-        patches=() if terminal else tuple(_config_patches(desired, existing)),
+        deletes=(*pod_plan.deletes, *([group_workload(job)] if ends_group else [])),
+        patches=(*(() if terminal else _config_patches(desired, existing)),
+                 *(_unretriable(job, existing) if queued and status.phase == FAILED else ())),
         events=tuple(_exit_events(before, status, reported, verdicts, policy.failure_policy)),
     )
 
@@ -602,6 +625,7 @@ def _plan_pods(
     verdicts: Mapping[ObjectRef, Verdict],
     regroup: Sequence[ObjectRef] = (),
     stuck: Collection[ObjectRef] = (),
+    kept: Collection[ObjectRef] = (),
 ) -> _PodPlan:
     """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes.
 
@@ -611,8 +635,10 @@ def _plan_pods(
     anything: an earlier pass handled the others before it failed to delete
     them. `regroup` pods are replaced too (deleted now, created once gone),
     without counting as failures. A worker's place is held by its pod until
-    that pod is gone, unless it is `stuck` Terminating (a lost node's): then
-    its replacement is created under another name (`_replacement`).
+    that pod is gone, unless it is `stuck` Terminating (a lost node's, or one
+    Kueue `kept`): then its replacement is created under another name
+    (`_replacement`). A failed pod Kueue `kept` keeps its name too: Kueue lets
+    it go only once that replacement exists.
     """
     limit = job.spec.run_policy.backoff_limit
     surplus = [ref for ref, p in live.items() if p.index not in wanted or ref in regroup]
@@ -638,8 +664,9 @@ def _plan_pods(
         still_running = any(not p.finished for p in live.values() if p.index in wanted)
         return _PodPlan(restarts, deletes=surplus, failure=None if still_running else _incomplete_success(live, wanted))
     held = {p.index for ref, p in pods.items() if ref not in failed and ref not in stuck}
-    # Names that stay taken after this pass's deletions: a failed pod goes at once (it has nothing to stop).
-    taken = {ref.name for ref in pods if ref not in failed}
+    # Names that stay taken after this pass's deletions: a failed pod goes at once (it has nothing to stop), unless
+    # Kueue's finalizer keeps it.
+    taken = {ref.name for ref in pods if ref not in failed or ref in kept}
     return _PodPlan(
         restarts + len(counted),
         deletes=surplus + failed,
@@ -661,6 +688,23 @@ def _replacement(job: Job, pod: Mapping[str, Any], index: Optional[int], taken: 
     return {**pod, "metadata": {**pod["metadata"], "name": name}}
 
 
+def group_workload(job: Job) -> ObjectRef:
+    """Kueue's Workload of the job's plain pod group, named after the group (the job; pod_controller.go
+    workloadName)."""
+    return ObjectRef(*WORKLOAD, job.namespace, job.name)
+
+
+def _unretriable(job: Job, existing: Mapping[ObjectRef, Mapping[str, Any]]) -> list[tuple[ObjectRef, dict]]:
+    """A failed job's pod group ends: each of its pods annotated retriable-in-group "false", so Kueue finishes
+    the group once none runs, releasing its quota and every pod's finalizer (pod_controller.go Finished; the
+    job reconciler's finalizeJob). The failed pods stay for their logs."""
+    return [(ref, {"metadata": {"annotations": {RETRIABLE_IN_GROUP_ANNOTATION: "false"}}})
+            for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD
+            and ((obj.get("metadata") or {}).get("labels") or {}).get(POD_GROUP_LABEL) == job.name
+            and KUEUE_POD_FINALIZER in ((obj.get("metadata") or {}).get("finalizers") or ())
+            and _annotations(obj).get(RETRIABLE_IN_GROUP_ANNOTATION) != "false"]
+
+
 def _plan_pytorchjob(
     job: Job,
     desired: Sequence[Mapping[str, Any]],
@@ -675,9 +719,12 @@ def _plan_pytorchjob(
     creates = [] if terminal else _missing_others(desired, existing)
     patches = [] if terminal else _config_patches(desired, existing)
     if current is not None and not terminal:
-        drift = _pytorchjob_drift(current, rendered, kueue=bool(job.spec.scheduling.queue_name))
+        kueue = bool(job.spec.scheduling.queue_name)
+        drift = _pytorchjob_drift(current, rendered, kueue=kueue)
         if drift:
             patches.append((ref, drift))
+        if kueue:
+            patches += _kueue_activation(job, current, existing)
     status = pytorchjob_status(
         before,
         current,
@@ -708,19 +755,19 @@ def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any], *
     """The merge patch carrying what a user changes in flight: suspend, replica counts, the trainer.yaml digest.
 
     With a Kueue queue, Kueue owns runPolicy.suspend (it creates the
-    PyTorchJob suspended and admits it by unsuspending): the job's own
-    suspend is applied only when it changes (SUSPEND_ANNOTATION records the
-    last one applied). Without one, runPolicy.suspend follows it.
+    PyTorchJob suspended, admits it by unsuspending, and unsuspends an
+    admitted job that anyone else suspends): the job's own suspend goes to
+    Kueue's Workload instead (`_kueue_activation`). Without one,
+    runPolicy.suspend follows it.
     """
     out: dict[str, Any] = {}
     spec: dict[str, Any] = {}
     want_suspend = (rendered["spec"].get("runPolicy") or {}).get("suspend", False)
-    applied = _annotations(current).get(SUSPEND_ANNOTATION)
-    noted = _annotations(rendered)[SUSPEND_ANNOTATION]
-    if applied != noted:
-        out["metadata"] = {"annotations": {SUSPEND_ANNOTATION: noted}}
     have_suspend = (current.get("spec", {}).get("runPolicy") or {}).get("suspend", False)
-    if (applied != noted if kueue else have_suspend != want_suspend):
+    noted = _annotations(rendered)[SUSPEND_ANNOTATION]
+    if not kueue and _annotations(current).get(SUSPEND_ANNOTATION) != noted:
+        out["metadata"] = {"annotations": {SUSPEND_ANNOTATION: noted}}
+    if not kueue and have_suspend != want_suspend:
         spec["runPolicy"] = {"suspend": want_suspend}
     have = current.get("spec", {}).get("pytorchReplicaSpecs") or {}
     wanted = rendered["spec"]["pytorchReplicaSpecs"]
@@ -744,6 +791,32 @@ def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any], *
     if spec:
         out["spec"] = spec
     return out
+
+
+def _kueue_activation(job: Job, current: Mapping[str, Any],
+                      existing: Mapping[ObjectRef, Mapping[str, Any]]) -> list[tuple[ObjectRef, dict]]:
+    """The job's suspend, applied to a queued PyTorchJob through Kueue's Workload when it changes.
+
+    Kueue un-suspends an admitted job that is suspended (kueue
+    pkg/controller/jobframework/reconciler.go, "Job admitted, unsuspending"),
+    so suspending means deactivating its Workload (`spec.active: false`:
+    Kueue evicts it, suspends the PyTorchJob and frees its quota); resuming
+    reactivates it, and Kueue queues it again. SUSPEND_ANNOTATION on the
+    PyTorchJob records the suspend last applied, so a Workload that Kueue
+    itself deactivated is never reactivated by us; with no Workload yet,
+    the next pass tries again.
+    """
+    noted = str(job.spec.run_policy.suspend).lower()
+    if _annotations(current).get(SUSPEND_ANNOTATION) == noted:
+        return []
+    uid = (current.get("metadata") or {}).get("uid")
+    workloads = [ref for ref, obj in existing.items() if (ref.api_version, ref.kind) == WORKLOAD
+                 and ((obj.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL) == uid]
+    if not workloads:
+        return []
+    active = {"spec": {"active": not job.spec.run_policy.suspend}}
+    return [*((ref, active) for ref in workloads),
+            (ObjectRef.of(current), {"metadata": {"annotations": {SUSPEND_ANNOTATION: noted}}})]
 
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:

@@ -27,6 +27,16 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 # plain pod group's Workload is named after the group instead.
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
+# Kueue's webhook puts this finalizer on every pod it queues; Kueue removes it from a failed pod only once a
+# replacement pod exists, or from every pod of a group that finished or whose Workload was deleted
+# (pkg/controller/jobs/pod/constants/constants.go PodFinalizer; pod_controller.go FindMatchingWorkloads, Stop).
+KUEUE_POD_FINALIZER = "kueue.x-k8s.io/managed"
+# The condition Kueue puts on each pod it stops when it evicts or preempts the pod's Workload, before it deletes the
+# pod (pod_controller.go Stop, ConditionTypeTerminationTarget): a disruption, as Kubernetes' DisruptionTarget is.
+TERMINATION_TARGET = "TerminationTarget"
+# A pod group finishes, releasing its quota and its pods' finalizers, once no pod of it is active and one carries
+# this annotation "false" (pod_controller.go Finished, isUnretriableGroup; constants.go RetriableInGroupAnnotation).
+RETRIABLE_IN_GROUP_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
 QUOTA_RESERVED = "QuotaReserved"
 KUEUE_PREFIX = "kueue.x-k8s.io/"
 
@@ -52,6 +62,13 @@ def gated_by_kueue(pod: Mapping[str, Any]) -> bool:
     """Whether Kueue still holds the pod (its admission gate is on)."""
     gates = (pod.get("spec") or {}).get("schedulingGates") or []
     return any(g.get("name") == ADMISSION_GATE for g in gates)
+
+
+def held_by_kueue(pod: Mapping[str, Any]) -> bool:
+    """A pod that ended and that Kueue's finalizer keeps until a replacement pod exists or the group ends: it holds
+    its name but not its worker's place."""
+    finalizers = (pod.get("metadata") or {}).get("finalizers") or ()
+    return KUEUE_POD_FINALIZER in finalizers and (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
 
 
 def pending_reason(workloads: Iterable[Mapping[str, Any]]) -> Optional[tuple[str, str]]:

@@ -219,9 +219,10 @@ def test_every_kind_the_renderers_make_can_be_listed_and_created():
 
 
 def test_the_cluster_client_still_makes_only_the_calls_the_allow_list_covers():
-    # get_job -> get jobs; list_children/create -> list/create children; delete -> delete pods;
-    # patch -> patch pytorchjobs and configmaps; patch_status -> patch jobs/status; post_event ->
-    # create events; list_objects -> list Kueue's workloads; get -> get every kind created (a create
+    # get_job -> get jobs; list_children/create -> list/create children; delete -> delete pods and
+    # Kueue's workloads; patch -> patch pytorchjobs, configmaps, pods (retriable-in-group) and Kueue's
+    # workloads (spec.active); patch_status -> patch jobs/status; post_event -> create events;
+    # list_objects -> list Kueue's workloads; get -> get every kind created (a create
     # that meets AlreadyExists) and pods (one the watch shows Terminating); discover -> discovery
     # documents and SelfSubjectAccessReviews, which every authenticated user may ask (Kubernetes'
     # system:discovery and system:basic-user roles). A new call needs a new grant.
@@ -236,9 +237,12 @@ def test_the_cluster_client_still_makes_only_the_calls_the_allow_list_covers():
     _needs(("", "pods"), "delete")
     _needs(("kubeflow.org", "pytorchjobs"), "patch")
     _needs(("", "configmaps"), "patch")
-    _needs(("kueue.x-k8s.io", "workloads"), "list")
+    _needs(("", "pods"), "patch")
+    _needs(("kueue.x-k8s.io", "workloads"), "list", "patch", "delete")
 
 
-def test_nothing_the_operator_patches_is_a_pod_so_no_scheduling_gate_can_be_ours():
-    # Kueue's webhook adds the admission gate and Kueue removes it: patching pods is not granted at all.
-    assert "patch" not in NAMESPACED_GRANTS[("", "pods")] and "update" not in NAMESPACED_GRANTS[("", "pods")]
+def test_pods_are_never_updated_and_their_status_never_written():
+    # Kueue's webhook adds the admission gate and Kueue removes it. The operator's one pod patch, a merge patch of
+    # an annotation, ends a failed job's Kueue group (tests/operator/test_reconcile_cluster.py checks every
+    # body it sends); an update, which could carry a gate, is not granted, nor the status.
+    assert "update" not in NAMESPACED_GRANTS[("", "pods")] and ("", "pods/status") not in NAMESPACED_GRANTS

@@ -39,7 +39,9 @@ from brain_operator.cluster import Conflict, ObjectRef, Refused, already_exists
 from brain_operator.discovery import OPTIONAL, ServedApis
 from brain_operator.events import Event
 from brain_operator.names import JOB_NAME_LABEL
-from brain_operator.schedulers import ADMISSION_GATE, QUEUE_LABEL
+from brain_operator.schedulers import (ADMISSION_GATE, JOB_UID_LABEL, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION,
+                                       POD_GROUP_LABEL, QUEUE_LABEL, QUOTA_RESERVED, RETRIABLE_IN_GROUP_ANNOTATION,
+                                       WORKLOAD, gated_by_kueue)
 from brain_operator.spec import API_VERSION, KIND
 from brain_trainer.contract import format_time
 from pod_security import restricted_violations
@@ -104,6 +106,43 @@ def disruption_target(reason: str, message: str, now: datetime) -> dict:
     TerminationByKubelet), stamped when it is set as every pod condition is."""
     return {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
             "lastTransitionTime": format_time(now)}
+
+
+# Kueue's own names (kueue pkg/constants: ManagedByKueueLabelKey, ResourceInUseFinalizerName).
+KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"
+WORKLOAD_FINALIZER = "kueue.x-k8s.io/resource-in-use"
+
+
+def _active(workload: Mapping[str, Any]) -> bool:
+    """A Workload's spec.active, true unless set false (apis/kueue workload_types.go)."""
+    return (workload.get("spec") or {}).get("active", True) is not False
+
+
+def _workload_condition(workload: Mapping[str, Any], kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True"
+               for c in (workload.get("status") or {}).get("conditions") or ())
+
+
+def _set_workload_condition(workload: dict, kind: str, status: bool, reason: str, message: str) -> None:
+    conditions = [c for c in workload.setdefault("status", {}).get("conditions") or () if c.get("type") != kind]
+    workload["status"]["conditions"] = [*conditions, {"type": kind, "status": "True" if status else "False",
+                                                      "reason": reason, "message": message}]
+
+
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+
+
+def _runnable_or_succeeded(pod: Mapping[str, Any]) -> bool:
+    """pod_controller.go isPodRunnableOrSucceeded: not Failed, and not deleted before it was ever scheduled."""
+    if pod["metadata"].get("deletionTimestamp") and not pod["spec"].get("nodeName"):
+        return False
+    return (pod.get("status") or {}).get("phase") != "Failed"
+
+
+def _group_count(pods: list[dict]) -> int:
+    """The group's size, from its pods' pod-group-total-count annotation (pod_controller.go groupTotalCount)."""
+    return max(int((pod["metadata"].get("annotations") or {}).get(POD_GROUP_COUNT_ANNOTATION, "0")) for pod in pods)
 
 
 class Watch:
@@ -347,27 +386,202 @@ class FakeCluster:
 
     # -- the test's side: the user, the kubelet, the garbage collector, Kueue --
     def _kueue_webhook(self, obj: dict) -> None:
-        """Kueue's mutating webhook on a queued object: a pod gated and held by its finalizer, a PyTorchJob
-        suspended."""
+        """Kueue's mutating webhooks on a queued object. A pod (kueue pkg/controller/jobs/pod/pod_webhook.go
+        Default): the managed label, the admission gate and the finalizer kueue.x-k8s.io/managed. A PyTorchJob
+        (jobframework ApplyDefaultForSuspend): suspended until its Workload is admitted."""
         if QUEUE_LABEL not in (obj["metadata"].get("labels") or {}):
             return
         if obj["kind"] == "Pod":
             obj["spec"].setdefault("schedulingGates", []).append({"name": ADMISSION_GATE})
-            obj["metadata"].setdefault("finalizers", []).append("kueue.x-k8s.io/managed")
-            obj["metadata"]["labels"]["kueue.x-k8s.io/managed"] = "true"
+            obj["metadata"].setdefault("finalizers", []).append(KUEUE_POD_FINALIZER)
+            obj["metadata"]["labels"][KUEUE_MANAGED_LABEL] = "true"
         elif obj["kind"] == "PyTorchJob":
             obj["spec"].setdefault("runPolicy", {})["suspend"] = True
 
     def admit(self, namespace: str = "default") -> None:
-        """Kueue admits everything queued: ungates the pods, unsuspends the PyTorchJobs."""
-        for ref, obj in self.objects.items():
-            if ref.namespace != namespace:
+        """Kueue's scheduler admits every active Workload of the namespace (quota reserved, admitted), after its
+        controllers made the missing ones; they then ungate the pods and unsuspend the PyTorchJobs (`kueue_sync`)."""
+        self.kueue_sync(namespace)
+        for ref, obj in sorted(self.objects.items()):
+            if (ref.api_version, ref.kind) == WORKLOAD and ref.namespace == namespace and _active(obj) \
+                    and not obj["metadata"].get("deletionTimestamp") and not _workload_condition(obj, "Finished"):
+                _set_workload_condition(obj, QUOTA_RESERVED, True, "QuotaReserved", "Quota reserved")
+                _set_workload_condition(obj, "Admitted", True, "Admitted", "The workload is admitted")
+                _set_workload_condition(obj, "Evicted", False, "Admitted", "")
+                self._stamp(obj)
+        self.kueue_sync(namespace)
+
+    def kueue_sync(self, namespace: str = "default") -> None:
+        """One pass of Kueue's pod-group and job controllers over the namespace (what Kueue does on its own,
+        without the scheduler's admission, which `admit` plays)."""
+        groups = sorted({(pod["metadata"].get("labels") or {}).get(POD_GROUP_LABEL) for pod in self.pods(namespace).values()
+                         if (pod["metadata"].get("labels") or {}).get(KUEUE_MANAGED_LABEL) == "true"} - {None})
+        for group in groups:
+            self._sync_pod_group(namespace, group)
+        for ref, obj in sorted(self.objects.items()):
+            if ref.kind == "PyTorchJob" and ref.namespace == namespace \
+                    and QUEUE_LABEL in (obj["metadata"].get("labels") or {}):
+                self._sync_pytorchjob(ref, obj)
+
+    def workload(self, name: str, namespace: str = "default") -> Optional[dict]:
+        return self.objects.get(ObjectRef(*WORKLOAD, namespace, name))
+
+    def _group_pods(self, namespace: str, group: str) -> list[ObjectRef]:
+        return [ObjectRef("v1", "Pod", namespace, name) for name, pod in self.pods(namespace).items()
+                if (pod["metadata"].get("labels") or {}).get(POD_GROUP_LABEL) == group]
+
+    def _sync_pod_group(self, namespace: str, group: str) -> None:
+        """The pod group reconciler (kueue pkg/controller/jobframework/reconciler.go ReconcileGenericJob, with
+        pkg/controller/jobs/pod/pod_controller.go for a group), in its order."""
+        refs = self._group_pods(namespace, group)
+        pods = [self.objects[ref] for ref in refs]
+        wl_ref = ObjectRef(*WORKLOAD, namespace, group)
+        wl = self.objects.get(wl_ref)
+        if wl is not None and _workload_condition(wl, "Finished"):
+            # A finished Workload: finalizeJob (every pod of the group), then its own finalizer goes.
+            self._finalize_pods(refs)
+            self._drop_workload_finalizer(wl_ref)
+            return
+        if wl is not None and wl["metadata"].get("deletionTimestamp"):
+            # "The workload is marked for deletion": Stop with StopReasonWorkloadDeleted deletes every pod of the
+            # group, finished ones too, and, for a group, Finalize removes every pod's finalizer.
+            for ref in refs:
+                if ref in self.objects and not self.objects[ref]["metadata"].get("deletionTimestamp"):
+                    self._delete(ref, None)
+            self._finalize_pods(refs)
+            self._drop_workload_finalizer(wl_ref)
+            return
+        if self._group_finished(pods):
+            # Finished (pod_controller.go Finished): all succeeded, or none active and one not retriable in group;
+            # the Workload is marked Finished (its quota released) and the pods finalized.
+            if wl is not None:
+                _set_workload_condition(wl, "Finished", True, "Succeeded", "Pods finished")
+                _set_workload_condition(wl, QUOTA_RESERVED, False, "Finished", "Pods finished")
+                self._stamp(wl)
+                self._drop_workload_finalizer(wl_ref)
+            self._finalize_pods(refs)
+            return
+        count = _group_count(pods)
+        active = [ref for ref in refs if _runnable_or_succeeded(self.objects[ref])]
+        inactive = [ref for ref in refs if not _runnable_or_succeeded(self.objects[ref])]
+        if wl is None:
+            # ConstructComposableWorkload: the inactive pods are finalized, and a Workload named after the group,
+            # active, sized by the group's total count, owned by its pods.
+            self._finalize_pods(inactive)
+            if not active:
+                return
+            self.put({"apiVersion": WORKLOAD[0], "kind": WORKLOAD[1], "metadata": {
+                "name": group, "namespace": namespace, "finalizers": [WORKLOAD_FINALIZER],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": ref.name,
+                                     "uid": self.objects[ref]["metadata"]["uid"]} for ref in active]},
+                "spec": {"active": True, "podSets": [{"name": "main", "count": count}]},
+                "status": {"conditions": [{"type": QUOTA_RESERVED, "status": "False", "reason": "Pending",
+                                           "message": "waiting for quota"}]}})
+            return
+        # FindMatchingWorkloads: a failed pod is finalized only once a replacement exists (active plus inactive
+        # beyond the Workload's count), the oldest-ended first; active pods beyond the count are finalized and
+        # deleted, the newest first.
+        wanted = ((wl.get("spec") or {}).get("podSets") or [{"count": count}])[0]["count"]
+        finalizeable = min(len(inactive), len(inactive) + len(active) - wanted)
+        if finalizeable > 0:
+            inactive.sort(key=lambda ref: (KUEUE_POD_FINALIZER not in self.objects[ref]["metadata"].get("finalizers", ()),
+                                           self.objects[ref]["metadata"]["creationTimestamp"]))
+            self._finalize_pods(inactive[len(inactive) - finalizeable:])
+        if len(active) > wanted:
+            active.sort(key=lambda ref: self.objects[ref]["metadata"]["creationTimestamp"])
+            for ref in active[wanted:]:
+                self._finalize_pods([ref])
+                if ref in self.objects and not self.objects[ref]["metadata"].get("deletionTimestamp"):
+                    self._delete(ref, None)
+        if not _active(wl):
+            # Deactivated: the workload controller evicts it (WorkloadDeactivated), and the job reconciler's
+            # "handle eviction" stops the group: Stop deletes each pod not already ended, gated or deleted, and
+            # leaves every finalizer on (pod_controller.go Stop finalizes only for a deleted Workload); quota freed.
+            _set_workload_condition(wl, "Evicted", True, "Deactivated", "The workload is deactivated")
+            _set_workload_condition(wl, QUOTA_RESERVED, False, "Pending", "The workload is deactivated")
+            _set_workload_condition(wl, "Admitted", False, "Pending", "The workload is deactivated")
+            self._stamp(wl)
+            for ref in refs:
+                pod = self.objects.get(ref)
+                if pod is not None and not pod["metadata"].get("deletionTimestamp") and not _finished(pod) \
+                        and not gated_by_kueue(pod):
+                    self._delete(ref, None)
+            return
+        if _workload_condition(wl, "Admitted"):
+            # "Job admitted, unsuspending": Run ungates every gated pod of the group, replacements included.
+            for ref in refs:
+                pod = self.objects.get(ref)
+                if pod is not None and gated_by_kueue(pod):
+                    pod["spec"]["schedulingGates"] = [g for g in pod["spec"]["schedulingGates"]
+                                                      if g["name"] != ADMISSION_GATE]
+                    self._stamp(pod)
+
+    def kueue_preempt(self, group: str, namespace: str = "default") -> None:
+        """Kueue's scheduler preempts the group's Workload for a higher-priority one: Evicted (reason Preempted),
+        its quota released and requeued; the job reconciler's "handle eviction" stops the group: each pod not
+        already ended, gated or deleted gets TerminationTarget and a delete, and keeps its finalizer
+        (pkg/scheduler/preemption/preemption.go; reconciler.go stopJob; pod_controller.go Stop)."""
+        wl = self.objects[ObjectRef(*WORKLOAD, namespace, group)]
+        _set_workload_condition(wl, "Evicted", True, "Preempted", "Preempted to accommodate a higher priority Workload")
+        _set_workload_condition(wl, QUOTA_RESERVED, False, "Pending", "Preempted to accommodate a higher priority Workload")
+        _set_workload_condition(wl, "Admitted", False, "Pending", "Preempted")
+        self._stamp(wl)
+        for ref in self._group_pods(namespace, group):
+            pod = self.objects[ref]
+            if pod["metadata"].get("deletionTimestamp") or _finished(pod) or gated_by_kueue(pod):
                 continue
-            if ref.kind == "Pod":
-                gates = [g for g in obj["spec"].get("schedulingGates", []) if g["name"] != ADMISSION_GATE]
-                obj["spec"]["schedulingGates"] = gates
-            elif ref.kind == "PyTorchJob":
-                obj["spec"]["runPolicy"]["suspend"] = False
+            pod["status"].setdefault("conditions", []).append({
+                "type": "TerminationTarget", "status": "True", "reason": "WorkloadEvicted",
+                "message": "Preempted to accommodate a higher priority Workload", "lastTransitionTime": format_time(self.now)})
+            self._delete(ref, None)
+
+    def _group_finished(self, pods: list[dict]) -> bool:
+        if not pods:
+            return False
+        succeeded = sum(1 for pod in pods if pod["status"].get("phase") == "Succeeded")
+        unretriable = any((pod["metadata"].get("annotations") or {}).get(RETRIABLE_IN_GROUP_ANNOTATION) == "false"
+                          for pod in pods)
+        return succeeded == _group_count(pods) or (unretriable and all(_finished(pod) for pod in pods))
+
+    def _sync_pytorchjob(self, ref: ObjectRef, job: dict) -> None:
+        """The PyTorchJob reconciler (jobframework/reconciler.go): a Workload labelled with the job's uid, made if
+        missing; evicted and the job suspended while it is inactive; an admitted one unsuspends the job, whoever
+        suspended it ("Job admitted, unsuspending")."""
+        uid = job["metadata"]["uid"]
+        found = [r for r, o in self.objects.items() if (r.api_version, r.kind) == WORKLOAD and r.namespace == ref.namespace
+                 and (o["metadata"].get("labels") or {}).get(JOB_UID_LABEL) == uid]
+        if not found:
+            self.put({"apiVersion": WORKLOAD[0], "kind": WORKLOAD[1], "metadata": {
+                "name": f"pytorchjob-{ref.name}-{uid[-5:]}", "namespace": ref.namespace,
+                "labels": {JOB_UID_LABEL: uid, JOB_NAME_LABEL: (job["metadata"].get("labels") or {}).get(JOB_NAME_LABEL, "")},
+                "ownerReferences": [{"apiVersion": ref.api_version, "kind": ref.kind, "name": ref.name, "uid": uid,
+                                     "controller": True}]},
+                "spec": {"active": True},
+                "status": {"conditions": [{"type": QUOTA_RESERVED, "status": "False", "reason": "Pending",
+                                           "message": "waiting for quota"}]}})
+            return
+        wl = self.objects[found[0]]
+        run_policy = job["spec"].setdefault("runPolicy", {})
+        if not _active(wl):
+            _set_workload_condition(wl, "Evicted", True, "Deactivated", "The workload is deactivated")
+            _set_workload_condition(wl, QUOTA_RESERVED, False, "Pending", "The workload is deactivated")
+            _set_workload_condition(wl, "Admitted", False, "Pending", "The workload is deactivated")
+            self._stamp(wl)
+            if not run_policy.get("suspend"):
+                run_policy["suspend"] = True
+                self._stamp(job)
+        elif _workload_condition(wl, "Admitted") and run_policy.get("suspend"):
+            run_policy["suspend"] = False
+            self._stamp(job)
+
+    def _finalize_pods(self, refs: list[ObjectRef]) -> None:
+        for ref in refs:
+            if ref in self.objects and KUEUE_POD_FINALIZER in (self.objects[ref]["metadata"].get("finalizers") or ()):
+                self.remove_finalizer(ref.name, KUEUE_POD_FINALIZER, namespace=ref.namespace)
+
+    def _drop_workload_finalizer(self, ref: ObjectRef) -> None:
+        if ref in self.objects:
+            self.remove_finalizer(ref.name, WORKLOAD_FINALIZER, kind=WORKLOAD[1], namespace=ref.namespace)
 
     def put(self, obj: Mapping[str, Any]) -> None:
         """An object another controller made (a Kueue Workload, Kubeflow's pods): listed by the job label it carries,
@@ -486,10 +700,16 @@ class FakeCluster:
     def kubelet_confirms(self) -> list[str]:
         """Each kubelet still reachable finishes stopping the pods marked for deletion on its node (the trainer
         exited within its grace) and confirms with a delete of grace 0 (pkg/kubelet/status/status_manager.go,
-        canBeDeleted then Delete with GracePeriodSeconds 0); a lost node's pods stay. Returns the pods gone."""
+        canBeDeleted then Delete with GracePeriodSeconds 0); a lost node's pods stay. A pod it stopped is Failed
+        first, as the kubelet puts a deleted pod in a terminal phase before its last delete (pkg/kubelet/kubelet_pods.go
+        generateAPIPodStatus; status_manager.go), so a finalizer that holds it holds a Failed pod. Returns the pods
+        gone."""
         marked = [ref for ref, obj in sorted(self.objects.items()) if ref.kind == "Pod"
                   and obj["metadata"].get("deletionTimestamp") and obj["spec"].get("nodeName") not in self.lost_nodes]
         for ref in marked:
+            status = self.objects[ref]["status"]
+            if self.objects[ref]["spec"].get("nodeName") and status.get("phase") not in ("Failed", "Succeeded"):
+                status["phase"] = "Failed"
             self._delete(ref, 0)
         return [ref.name for ref in marked if ref not in self.objects]
 

@@ -21,7 +21,7 @@ import kmock
 import kopf
 import pytest
 from fake_cluster import forbidden, invalid
-from test_handlers import NS, Emulator, first_event, manifest, pod_named, serve_resources
+from test_handlers import NS, VERBS, Emulator, first_event, manifest, pod_named, serve_resources
 
 from brain_operator import handlers
 from brain_operator.cluster import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, ObjectRef, Refused
@@ -87,10 +87,15 @@ class FaultyEmulator(Emulator):
 
 
 @contextlib.asynccontextmanager
-async def operator(tmp_path, monkeypatch, **client_options):
-    """kmock serving our resources, and the kopf operator running against it; yields (kmock, waits asked)."""
+async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, **client_options):
+    """kmock serving our resources, and the kopf operator running against it; yields (kmock, waits asked).
+
+    The job's spec takes `spec`'s keys; `kueue` serves Kueue's Workload API, which the operator's discovery must
+    see (and be allowed to list) before it runs a queued job."""
     async with FaultyEmulator() as km, kmock.Server(km):
         serve_resources(km, tmp_path, monkeypatch)
+        if kueue:
+            serve_kueue(km)
         waits = []
 
         def sleep(seconds):  # the client's retry waits, recorded and really waited
@@ -106,7 +111,8 @@ async def operator(tmp_path, monkeypatch, **client_options):
             memo=kopf.Memo(context=handlers.Context(client=client, defaults=OperatorDefaults(image="img:1"))),
         ))
         try:
-            created = await km.post(JOBS, json=manifest(meta={"uid": "uid-1", "generation": 1, "resourceVersion": "1"}))
+            created = await km.post(JOBS, json=manifest(meta={"uid": "uid-1", "generation": 1, "resourceVersion": "1"},
+                                                        **(spec or {})))
             assert created.status == 200
             await first_event(km, PODS, pod_named("demo-worker-0"))
             await first_event(km, PODS, pod_named("demo-worker-1"))
@@ -115,6 +121,15 @@ async def operator(tmp_path, monkeypatch, **client_options):
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)
+
+
+def serve_kueue(km):
+    """Kueue's Workload API served, and every SelfSubjectAccessReview answered allowed (kmock would echo the review
+    back without a status)."""
+    km.resources["kueue.x-k8s.io/v1beta2/workloads"] = kmock.ResourceInfo(kind="Workload", namespaced=True, verbs=VERBS)
+    km.faults.append(Fault("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", 201, times=1000, body={
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": {},
+        "status": {"allowed": True}}))
 
 
 def is_kopf(request):
@@ -245,6 +260,66 @@ def test_a_worker_stuck_terminating_on_a_lost_node_is_replaced_under_a_new_name(
     assert warning["type"] == "Warning" and "demo-worker-1" in warning["message"] and "node-7" in warning["message"]
     assert "kubectl delete pod demo-worker-1 --force" in warning["message"]
     assert stuck["metadata"]["deletionTimestamp"]  # left for PodGC or the admin: never deleted by the operator
+
+
+def test_a_failed_worker_that_kueue_keeps_is_replaced_at_once_under_a_new_name(tmp_path, monkeypatch):
+    async def scenario():
+        async with operator(tmp_path, monkeypatch, spec={"scheduling": {"queueName": "q"}}, kueue=True) as (km, _):
+            # Kueue's webhook put its finalizer on each queued pod (kmock has no webhook: the test puts it).
+            for name in ("demo-worker-0", "demo-worker-1"):
+                response = await km.patch(f"{PODS}/{name}", headers=MERGE,
+                                          json={"metadata": {"finalizers": ["kueue.x-k8s.io/managed"]}})
+                assert response.status == 200
+                await set_pod(km, name, "Running", ready=True)
+            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
+            await set_pod(km, "demo-worker-1", "Failed", exit_code=1)
+            # Kueue lets the failed pod go only once a replacement exists: it comes at once, under a new name.
+            replacement = await first_event(km, PODS, pod_named("demo-worker-1-1"), timeout=CONVERGED_WITHIN)
+            job = await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("restarts") == 1,
+                                    timeout=CONVERGED_WITHIN)
+            kept = await (await km.get(f"{PODS}/demo-worker-1")).json()
+            return replacement, job, kept
+
+    replacement, job, kept = asyncio.run(scenario())
+    assert replacement["spec"]["hostname"] == "demo-worker-1" and replacement["spec"]["subdomain"] == "demo-workers"
+    assert job["status"]["phase"] in ("Restarting", "Pending")
+    # Deleted by the operator, and left on Kueue's finalizer for Kueue to take off now that the replacement exists.
+    assert kept["metadata"]["deletionTimestamp"] and kept["metadata"]["finalizers"] == ["kueue.x-k8s.io/managed"]
+
+
+def test_a_preempted_worker_is_free_named_in_its_event_and_back_under_its_name(tmp_path, monkeypatch):
+    async def scenario():
+        async with operator(tmp_path, monkeypatch) as (km, _):
+            await set_pod(km, "demo-worker-0", "Running", ready=True)
+            await set_pod(km, "demo-worker-1", "Running", ready=True)
+            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
+            old = await (await km.get(f"{PODS}/demo-worker-1")).json()
+            # The scheduler preempts it: DisruptionTarget, then a graceful delete; its kubelet stops it within the
+            # grace (a finalizer stands in for the kubelet that has not confirmed yet: kmock drops a deleted pod).
+            response = await km.patch(f"{PODS}/demo-worker-1", headers=MERGE, json={
+                "metadata": {"deletionTimestamp": format_time(handlers.utc_now() + timedelta(seconds=300)),
+                             "deletionGracePeriodSeconds": 300, "finalizers": ["test.brain.ai/kubelet-stopping"]},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}, {
+                    "type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                    "message": "default-scheduler: preempting to accommodate a higher priority pod",
+                    "lastTransitionTime": format_time(handlers.utc_now())}]}})
+            assert response.status == 200
+            event = await first_event(km, f"/api/v1/namespaces/{NS}/events",
+                                      lambda e: "demo-worker-1" in e.get("message", "") and "preempted" in e.get("message", ""),
+                                      timeout=CONVERGED_WITHIN)
+            # The kubelet confirms: the pod goes, and its worker comes back under its own name.
+            response = await km.patch(f"{PODS}/demo-worker-1", headers=MERGE, json={"metadata": {"finalizers": None}})
+            assert response.status == 200
+            await km.delete(f"{PODS}/demo-worker-1")
+            back = await first_event(km, PODS, lambda o: o["metadata"]["name"] == "demo-worker-1"
+                                     and o["metadata"]["uid"] != old["metadata"]["uid"], timeout=CONVERGED_WITHIN)
+            job = await (await km.get(f"{JOBS}/demo")).json()
+            return event, back, job
+
+    event, back, job = asyncio.run(scenario())
+    assert "PreemptionByScheduler" in event["message"]
+    assert back["spec"]["hostname"] == "demo-worker-1"
+    assert job["status"]["restarts"] == 0
 
 
 async def served_client(tmp_path, monkeypatch, km, **options):

@@ -14,7 +14,6 @@ from brain_operator import handlers
 from brain_operator.reconcile import deletion_events
 from brain_operator.schedulers import ADMISSION_GATE, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL
 from brain_operator.spec import KIND, OperatorDefaults
-from brain_operator.waiting import TERMINATING_MARGIN_SECONDS
 
 TEMPLATE = {"volumeClaimTemplate": {"accessModes": ["ReadWriteMany"], "storage": "5Gi"}}
 
@@ -165,18 +164,19 @@ def test_elastic_workers_form_a_kueue_pod_group_that_kueue_alone_gates():
     cluster.run_all()
     assert step(cluster)["phase"] == "Running"
     # A replaced worker rejoins its group: same label and count; Kueue gates it, we never touch the gate. Kueue's
-    # finalizer holds the failed pod (Terminating) until a replacement exists: once it is past its grace, the
-    # replacement takes a new name, with the old one's hostname.
+    # finalizer holds the failed pod until a replacement exists, so the replacement takes a new name at once, with
+    # the old one's hostname; then Kueue lets the failed pod go.
     cluster.exit_pod("j-worker-1", 1)
     status = step(cluster)
     assert status["phase"] == "Restarting" and cluster.pods()["j-worker-1"]["metadata"]["deletionTimestamp"]
-    step(cluster, T0 + timedelta(seconds=TERMINATING_MARGIN_SECONDS))
     fresh = cluster.pods()["j-worker-1-1"]
     assert fresh["spec"]["hostname"] == "j-worker-1"
     assert fresh["metadata"]["labels"][POD_GROUP_LABEL] == "j"
     assert fresh["metadata"]["annotations"][POD_GROUP_COUNT_ANNOTATION] == "2"
     assert fresh["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}]
     assert step(cluster)["phase"] != "Queued"  # one gated replacement is a restart, not a queued job
+    cluster.kueue_sync()
+    assert "j-worker-1" not in cluster.pods() and not cluster.pods()["j-worker-1-1"]["spec"]["schedulingGates"]
 
 
 def test_resizing_a_kueue_pod_group_replaces_every_worker_with_the_new_count():
@@ -189,10 +189,12 @@ def test_resizing_a_kueue_pod_group_replaces_every_worker_with_the_new_count():
     step(cluster)
     cluster.apply_job(manifest(nodes=3, elastic=elastic, scheduling={"queueName": "q"}))
     status = step(cluster)
-    # Kueue fixes a group's size at admission: the old members go (not as failures) and come back as a group of 3.
-    assert status["restarts"] == 0
-    for name in ("j-worker-0", "j-worker-1"):  # Kueue lets the old group's members go
-        cluster.remove_finalizer(name, "kueue.x-k8s.io/managed")
+    # Kueue fixes a group's size at admission: the old members go (not as failures) with the old group's Workload,
+    # whose deletion makes Kueue let them go, and come back as a group of 3.
+    assert status["restarts"] == 0 and cluster.workload("j")["metadata"]["deletionTimestamp"]
+    cluster.kubelet_confirms()
+    cluster.kueue_sync()
+    assert cluster.pods() == {} and cluster.workload("j") is None
     step(cluster)
     counts = {name: pod["metadata"]["annotations"][POD_GROUP_COUNT_ANNOTATION] for name, pod in cluster.pods().items()}
     assert counts == {"j-worker-0": "3", "j-worker-1": "3", "j-worker-2": "3"}
@@ -210,15 +212,20 @@ def kueue_suspend(cluster):
 
 
 class Recording(FakeCluster):
-    """Keeps every object the operator asked to create, before Kueue's webhook mutates it."""
+    """Keeps every object the operator asked to create, before Kueue's webhook mutates it, and every patch."""
 
     def __init__(self):
         super().__init__(kueue=True)
         self.asked: list[dict] = []
+        self.patched: list[tuple] = []
 
     def create(self, obj):
         self.asked.append(obj)
         return super().create(obj)
+
+    def patch(self, ref, body):
+        self.patched.append((ref, body))
+        return super().patch(ref, body)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -253,12 +260,12 @@ def test_no_plan_of_ours_ever_adds_or_removes_a_scheduling_gate_or_touches_kueue
         elif action == "workload":
             cluster.put(workload("j"))
         before = kueue_suspend(cluster)
-        mark = len(cluster.writes)
         step(cluster)
-        assert not any(verb == "patch" and ref.kind == "Pod" for verb, ref in cluster.writes[mark:])
-        # Kueue's suspend flag moves under our hand only when the job's own suspend just changed.
-        if before is not None and kueue_suspend(cluster) != before:
-            assert action in ("suspend", "resume"), f"runPolicy.suspend changed by us after {action!r}"
+        # Kueue's suspend flag never moves under our hand: the job's own suspend goes to the Workload.
+        assert kueue_suspend(cluster) == before, f"runPolicy.suspend changed by us after {action!r}"
+    # The only pod patch of ours ends a failed job's group (retriable-in-group), never a gate.
+    unretriable = {"metadata": {"annotations": {"kueue.x-k8s.io/retriable-in-group": "false"}}}
+    assert all(body == unretriable for ref, body in cluster.patched if ref.kind == "Pod")
     assert all(not obj.get("spec", {}).get("schedulingGates") for obj in cluster.asked)
     for obj in cluster.asked:
         for replica in obj.get("spec", {}).get("pytorchReplicaSpecs", {}).values():
@@ -306,29 +313,65 @@ def test_a_pytorchjob_kueue_suspends_stays_suspended_with_no_patch_from_us_until
     assert step(cluster)["phase"] == "Queued" and writes_since(cluster, mark, "PyTorchJob") == []
 
 
-def test_the_jobs_own_suspend_is_applied_to_a_queued_pytorchjob_only_when_it_changes():
+def test_suspending_a_queued_pytorchjob_deactivates_its_workload_and_resuming_reactivates_it():
     cluster = FakeCluster(kueue=True)
     queue = {"queueName": "q"}
     cluster.apply_job(manifest(backend="pytorchjob", scheduling=queue))
     step(cluster)
     cluster.admit()
-    ref, _ = kubeflow_pytorchjob(cluster)
+    ref, pytorchjob = kubeflow_pytorchjob(cluster)
+    assert pytorchjob["spec"]["runPolicy"]["suspend"] is False
+    wl_ref = next(r for r in cluster.objects if r.kind == "Workload")
+    # A suspend patched into the PyTorchJob is undone by Kueue at once ("Job admitted, unsuspending"): the fake
+    # does what Kueue does, so that way cannot pass.
+    cluster.objects[ref]["spec"]["runPolicy"]["suspend"] = True
+    cluster.kueue_sync()
+    assert cluster.objects[ref]["spec"]["runPolicy"]["suspend"] is False
+    # Ours: the Workload deactivated; Kueue evicts it, suspends the PyTorchJob and frees its quota.
     cluster.apply_job(manifest(backend="pytorchjob", scheduling=queue, runPolicy={"suspend": True}))
     mark = len(cluster.writes)
     step(cluster)
+    assert writes_since(cluster, mark, "Workload") == [("patch", wl_ref)]
     assert writes_since(cluster, mark, "PyTorchJob") == [("patch", ref)]
-    assert cluster.objects[ref]["spec"]["runPolicy"]["suspend"] is True
+    assert cluster.objects[wl_ref]["spec"]["active"] is False
     assert cluster.objects[ref]["metadata"]["annotations"]["brain.ai/suspend"] == "true"
+    cluster.kueue_sync()
+    assert cluster.objects[ref]["spec"]["runPolicy"]["suspend"] is True
+    assert condition(cluster.objects[wl_ref]["status"], "QuotaReserved")["status"] == "False"
+    cluster.objects[ref]["status"] = {"conditions": [  # Kubeflow stops its pods
+        {"type": "Suspended", "status": "True", "reason": "PyTorchJobSuspended", "lastTransitionTime": "2026-11-22T12:09:00Z"}]}
     mark = len(cluster.writes)
-    assert step(cluster)["phase"] != "Queued" and writes_since(cluster, mark, "PyTorchJob") == []
-    # Resumed: handed back to Kueue once (which re-queues it); then Kueue's suspend stands.
+    assert step(cluster)["phase"] == "Suspended" and writes_since(cluster, mark, "Workload") == []
+    cluster.kueue_sync()
+    assert cluster.objects[ref]["spec"]["runPolicy"]["suspend"] is True  # it stays suspended
+    # Resumed: the Workload active again, queued by Kueue, which admits and unsuspends it.
     cluster.apply_job(manifest(backend="pytorchjob", scheduling=queue, runPolicy={"suspend": False}))
     mark = len(cluster.writes)
     step(cluster)
+    assert writes_since(cluster, mark, "Workload") == [("patch", wl_ref)]
     assert writes_since(cluster, mark, "PyTorchJob") == [("patch", ref)]
-    cluster.objects[ref]["spec"]["runPolicy"]["suspend"] = True  # Kueue re-queues it
+    assert cluster.objects[wl_ref]["spec"]["active"] is True
+    cluster.admit()
+    assert cluster.objects[ref]["spec"]["runPolicy"]["suspend"] is False
     mark = len(cluster.writes)
-    assert step(cluster)["phase"] == "Queued" and writes_since(cluster, mark, "PyTorchJob") == []
+    step(cluster)
+    assert writes_since(cluster, mark, "Workload") == [] and writes_since(cluster, mark, "PyTorchJob") == []
+
+
+def test_a_queued_pytorchjob_created_suspended_has_its_workload_deactivated_once_kueue_made_it():
+    cluster = FakeCluster(kueue=True)
+    cluster.apply_job(manifest(backend="pytorchjob", scheduling={"queueName": "q"}, runPolicy={"suspend": True}))
+    step(cluster)
+    ref, _ = kubeflow_pytorchjob(cluster)
+    mark = len(cluster.writes)
+    step(cluster)  # no Workload yet: nothing to deactivate
+    assert writes_since(cluster, mark, "PyTorchJob") == []
+    cluster.kueue_sync()
+    wl_ref = next(r for r in cluster.objects if r.kind == "Workload")
+    step(cluster)
+    assert cluster.objects[wl_ref]["spec"]["active"] is False
+    cluster.admit()  # Kueue admits only active Workloads
+    assert cluster.objects[ref]["spec"]["runPolicy"]["suspend"] is True
 
 
 # ---- gang scheduling: a PodGroup owned by the job, every pod linked to it ----

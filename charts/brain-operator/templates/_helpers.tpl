@@ -111,10 +111,11 @@ holds the same list, derived from what brain_operator calls; a test keeps the tw
   resources: ["braintrainingjobs/finalizers"]
   verbs: ["update"]
 # Worker pods: created, watched for status, deleted on suspend, scale-down or retry;
-# read when a create meets AlreadyExists (ours and alive?) and when the watch shows one Terminating.
+# read when a create meets AlreadyExists (ours and alive?) and when the watch shows one Terminating;
+# patched (kueue.x-k8s.io/retriable-in-group: "false") when a failed job ends its Kueue pod group.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # Per-job children (headless Service, trainer.yaml ConfigMap, checkpoint claim):
 # watched (a child deleted by hand comes back at once), recreated when missing,
 # garbage-collected through owner references (a retained checkpoint claim is
@@ -135,10 +136,11 @@ holds the same list, derived from what brain_operator calls; a test keeps the tw
 - apiGroups: ["scheduling.k8s.io", "scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]
   verbs: ["get", "list", "watch", "create"]
-# Kueue's reason for holding a queued job back, read from its Workload.
+# Kueue's Workloads: listed for the reason a queued job waits; patched (spec.active) to suspend or
+# resume a queued PyTorchJob; deleted to end a pod group on suspend, resize or the job's deletion.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["list"]
+  verbs: ["list", "patch", "delete"]
 # Events on jobs: phase transitions, worker failures, kopf's handler progress.
 - apiGroups: [""]
   resources: ["events"]

@@ -68,7 +68,7 @@ def _run_policy(job: Job) -> dict[str, Any]:
 
 def build_pytorchjob(job: Job) -> dict[str, Any]:
     """The PyTorchJob; its SUSPEND_ANNOTATION records the BrainTrainingJob's suspend it was last given
-    (reconcile applies that flag only when it changes, so it never fights Kueue over runPolicy.suspend)."""
+    (reconcile applies that flag, or under Kueue the Workload's spec.active, only when it changes)."""
     spec = job.spec
     body: dict[str, Any] = {"nprocPerNode": str(spec.nproc_per_node), "runPolicy": _run_policy(job)}
     if is_elastic(spec):
@@ -87,7 +87,8 @@ def build_pytorchjob(job: Job) -> dict[str, Any]:
         if spec.nodes > 1:
             replicas["Worker"] = _replica(job, spec.nodes - 1)
         body["pytorchReplicaSpecs"] = replicas
-    annotations = {SUSPEND_ANNOTATION: str(spec.run_policy.suspend).lower()}
+    # Under Kueue the job's suspend reaches Kueue's Workload, which Kueue creates active, once it exists.
+    annotations = {SUSPEND_ANNOTATION: str(spec.run_policy.suspend and not spec.scheduling.queue_name).lower()}
     meta = metadata(job, job.name, workload_labels(job), annotations)
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": body}
 
