@@ -141,6 +141,13 @@ def is_cluster_client(request):
     return request.headers.get("User-Agent", "").startswith("OpenAPI-Generator/")
 
 
+async def both_workers_running(km) -> None:
+    """The demo job's two workers run, and the operator has said so."""
+    await set_pod(km, "demo-worker-0", "Running", ready=True)
+    await set_pod(km, "demo-worker-1", "Running", ready=True)
+    await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
+
+
 async def set_pod(km, name, phase, *, ready=False, exit_code=None):
     status = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     if exit_code is not None:
@@ -203,9 +210,7 @@ def test_a_child_deleted_by_hand_is_back_within_5_s(tmp_path, monkeypatch, kind,
 def test_a_worker_failure_under_api_faults_is_counted_and_reported_once(tmp_path, monkeypatch):
     async def scenario():
         async with operator(tmp_path, monkeypatch) as (km, waits):
-            await set_pod(km, "demo-worker-0", "Running", ready=True)
-            await set_pod(km, "demo-worker-1", "Running", ready=True)
-            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
+            await both_workers_running(km)
             failed_uid = (await (await km.get(f"{PODS}/demo-worker-1")).json())["metadata"]["uid"]
             km.faults += [
                 Fault("PATCH", f"{JOBS}/demo/status", 500, times=2),  # the status write fails twice
@@ -234,9 +239,7 @@ def test_a_worker_failure_under_api_faults_is_counted_and_reported_once(tmp_path
 def test_a_worker_stuck_terminating_on_a_lost_node_is_replaced_under_a_new_name(tmp_path, monkeypatch):
     async def scenario():
         async with operator(tmp_path, monkeypatch) as (km, _):
-            await set_pod(km, "demo-worker-0", "Running", ready=True)
-            await set_pod(km, "demo-worker-1", "Running", ready=True)
-            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
+            await both_workers_running(km)
             # node-7 is lost: the taint manager deleted the pod, whose grace ended long ago, and no kubelet answers.
             # The API server keeps such a pod; kmock would drop one marked for deletion at once unless a finalizer
             # holds it, so one stands in for the kubelet that never confirms.
@@ -290,9 +293,7 @@ def test_a_failed_worker_that_kueue_keeps_is_replaced_at_once_under_a_new_name(t
 def test_a_preempted_worker_is_free_named_in_its_event_and_back_under_its_name(tmp_path, monkeypatch):
     async def scenario():
         async with operator(tmp_path, monkeypatch) as (km, _):
-            await set_pod(km, "demo-worker-0", "Running", ready=True)
-            await set_pod(km, "demo-worker-1", "Running", ready=True)
-            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
+            await both_workers_running(km)
             old = await (await km.get(f"{PODS}/demo-worker-1")).json()
             # The scheduler preempts it: DisruptionTarget, then a graceful delete; its kubelet stops it within the
             # grace (a finalizer stands in for the kubelet that has not confirmed yet: kmock drops a deleted pod).
