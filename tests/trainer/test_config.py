@@ -71,7 +71,7 @@ def test_accumulation_derived_from_global_batch():
     cfg = TrainerConfig.from_dict({"training": {"micro_batch_size": 4, "global_batch_size": 32}})
     assert cfg.accumulation_steps(world_size=2) == 4
     assert cfg.effective_batch_size(world_size=2) == 32
-    with pytest.raises(ConfigError, match="multiple of micro_batch_size x world size \\(12\\)"):
+    with pytest.raises(ConfigError, match="multiple of micro_batch_size x data-parallel ranks \\(12\\)"):
         cfg.accumulation_steps(world_size=3)
 
 

@@ -422,7 +422,7 @@ def choose_strategy(
 def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes: Optional[int]) -> DistributedConfig:
     """cfg.distributed with `strategy: auto` made concrete; other strategies come back unchanged.
 
-    auto starts from the preset's recommendations (`TrainerConfig.resolved`). One rank -> single; unknown device memory (CPU) or a user
+    auto starts from the preset's recommendations (`TrainerConfig.resolved`). Tensor parallel -> fsdp; one rank -> single; unknown device memory (CPU) or a user
     entrypoint (whose size the planner cannot know without torch) -> ddp;
     otherwise the planner's cheapest fit for the preset, with
     training.micro_batch_size, training.seq_len and
@@ -431,6 +431,8 @@ def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes
     if cfg.distributed.strategy != "auto":
         return cfg.distributed
     dist = cfg.resolved().distributed
+    if dist.tensor_parallel > 1:
+        return replace(dist, strategy="fsdp")  # the one strategy tensor parallelism composes with (layout.py)
     if world_size == 1:
         return replace(dist, strategy="single")
     if device_memory_bytes is None or cfg.model.entrypoint:
