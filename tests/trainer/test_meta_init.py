@@ -50,8 +50,8 @@ def initial_states(rank: int, world_size: int, cases: dict) -> dict | None:
         full = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True))
         out[name] = _digests(full)
         if name == "fsdp":
-            qkv, norm = full["reasoning.blocks.0.qkv.weight"], full["reasoning.blocks.0.attn_norm.weight"]
-            out["stats"] = (float(qkv.std()), bool((norm == 1).all()))
+            q, norm = full["reasoning.blocks.0.q.weight"], full["reasoning.blocks.0.attn_norm.weight"]
+            out["stats"] = (float(q.std()), bool((norm == 1).all()))
     return out if rank == 0 else None
 
 
@@ -79,7 +79,7 @@ def test_initial_weights_are_bitwise_equal_at_1_2_and_4_ranks_with_full_shard_an
     assert one["user"] == two["user"], "a user model with reset_parameters() alike"
     std, norms_are_ones = one["stats"]
     assert abs(std - INIT_STD) < 0.1 * INIT_STD and norms_are_ones  # the model's own init, not a stand-in
-    assert reference["reasoning.blocks.0.qkv.weight"] != reference["reasoning.blocks.1.qkv.weight"]  # own streams
+    assert reference["reasoning.blocks.0.q.weight"] != reference["reasoning.blocks.1.q.weight"]  # own streams
 
 
 def init_1b(rank: int, world_size: int) -> dict:

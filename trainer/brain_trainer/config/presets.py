@@ -99,7 +99,7 @@ def module_param_counts(cfg: BrainAIConfig) -> dict[str, int]:
         "htm": cfg.htm_blocks * (norm + 3 * d * d + d * d),
         # norm, query and output projections, slot keys and values
         "workspace": cfg.workspace_blocks * (norm + 2 * d * d + 2 * cfg.n_slots * d),
-        # two norms, fused qkv, output projection, gated MLP
+        # two norms, query, key, value and output projections, gated MLP
         "reasoning": cfg.reasoning_blocks * (2 * norm + 4 * d * d + gated_mlp),
         "decision": cfg.decision_blocks * (norm + gated_mlp),
         # norm, correction projection, confidence head (weight and bias)
@@ -125,7 +125,7 @@ def largest_tensor_params(cfg: BrainAIConfig) -> int:
     d = cfg.d_model
     return max(
         max(cfg.vocab_size, cfg.ngram_buckets) * d,  # byte and n-gram embeddings, byte head
-        3 * d * d,  # fused qkv / recurrence projections
+        3 * d * d,  # fused recurrence projection
         cfg.ffn_hidden * d,  # gated-MLP projections
         cfg.n_slots * d,  # workspace slots
     )

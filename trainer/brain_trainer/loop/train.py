@@ -134,6 +134,13 @@ def device_memory_bytes(device: torch.device) -> Optional[int]:
 def resolve_strategy(cfg: TrainerConfig, world_size: int, device: torch.device) -> DistributedConfig:
     """The distributed settings with `strategy: auto` replaced by the planner's choice."""
     resolved = resolve_distributed(cfg, world_size, device_memory_bytes(device))
+    if resolved.tensor_parallel > 1:
+        # FSDPWrapper splits the blocks (parallel/tensor.py); the loop does not yet deal batches by data-parallel
+        # rank, initialise column shards on the meta device or run fused AdamW over two meshes (docs/parallelism.md).
+        raise ConfigError([FieldError(
+            "distributed.tensor_parallel",
+            f"{resolved.tensor_parallel}: the training loop does not run tensor parallelism yet; use 1",
+        )])
     if resolved.strategy == "single" and world_size > 1:
         raise ConfigError(
             [FieldError("distributed.strategy", f"single trains one process, but the world size is {world_size}; use ddp or fsdp")]
