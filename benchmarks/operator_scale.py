@@ -11,6 +11,10 @@ Reconcile reads the children as the operator's watches keep them
 (children.py) through a client that counts API calls by verb, so it also
 prints the calls one reconcile makes: creating a job, in the steady state
 (target: no LIST, no write), and after one pod changed (one status PATCH).
+Then the creates the API server answers 409 AlreadyExists per job start
+(target 0) for a burst of jobs whose watches lag the writes by a pass, as
+a real watch does, side by side with and without the operator's
+expectations (what the operator did before it kept them).
 Last, the operator's resident memory: a fresh process holds the kopf
 indexes of every child of N jobs, fed pod bodies the size the API server
 sends through the operator's own index function.
@@ -35,14 +39,18 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path[:0] = [str(TESTS / "operator"), str(TESTS)]  # the fake cluster, and the checkers it shares with the tests
 
 from counting_cluster import CountingCluster, watched  # noqa: E402  (call counts; the indexes' view)
-from fake_cluster import FakeCluster  # noqa: E402  (the in-memory ClusterClient)
+from fake_cluster import FakeCluster, Watch  # noqa: E402  (the in-memory ClusterClient, a lagging watch)
 
+from brain_operator.expectations import Expectations  # noqa: E402
 from brain_operator.reconcile import plan, reconcile, watched_kinds  # noqa: E402
 from brain_operator.render import render  # noqa: E402
 from brain_operator.spec import API_VERSION, KIND, parse_job  # noqa: E402
 
 NODES = 16
 STAGE_JOBS = 200
+# A burst of jobs started at once, and how many passes their watches lag the writes.
+BURST_JOBS = 30
+WATCH_LAG = 1
 CHUNK = 100
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -105,6 +113,32 @@ def fleet(n: int) -> dict[str, float]:
     calls["one pod changed"] = counting.take()
     return {"jobs": n, "objects": objects, "create_s": create, "steady_s": steady,
             "create_median": create_median, "steady_median": steady_median, "calls": calls}
+
+
+def already_exists_per_start(n: int, lag: int, expect: bool) -> tuple[float, float]:
+    """(409 AlreadyExists answers, creates sent) per job, over the passes that start n jobs at once while the
+    watches show each job's children `lag` passes late; `expect`: with the operator's expectations."""
+    cluster = FakeCluster()
+    watch = Watch(cluster, lag)
+    expectations = Expectations() if expect else None
+    jobs = [cluster.apply_job(manifest(i)) for i in range(n)]
+    for _ in range(lag + 2):  # until every create is seen, and one pass more
+        watch.tick()
+        for job in jobs:
+            meta = job["metadata"]
+            reconcile(cluster.get_job(meta["namespace"], meta["name"]), cluster, NOW, observed=watch,
+                      expectations=expectations)
+    kinds = Counter(kind for kind, _ in cluster.writes)
+    return kinds["already_exists"] / n, (kinds["create"] + kinds["already_exists"]) / n
+
+
+def print_already_exists() -> None:
+    print(f"creates answered 409 AlreadyExists per job start ({BURST_JOBS} jobs at once, watches {WATCH_LAG} "
+          f"pass behind; target 0):")
+    for expect in (True, False):
+        already, sent = already_exists_per_start(BURST_JOBS, WATCH_LAG, expect)
+        label = "with expectations" if expect else "without (before)"
+        print(f"  {label:<20} AlreadyExists {already:g}, creates sent {sent:g}", flush=True)
 
 
 def resident_bytes() -> int:
@@ -235,6 +269,7 @@ def main() -> None:
                   f"steady {steady:.2f} (1.00 = linear)", flush=True)
 
     print_calls(fleets)
+    print_already_exists()
     print_memory(args.sizes)
 
 

@@ -9,6 +9,8 @@ hundred bytes instead of the several kilobytes the API server sends.
 
 PyTorchJobs are not watched (the Kubeflow backend is optional and its RBAC
 with it): reconcile lists them, as it lists Kueue's Workloads of a held job.
+The pods Kubeflow makes for a PyTorchJob carry its template's job labels, so
+the pod watch keeps them with ours: reconcile reads why they wait from them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ WATCH_SELECTOR = JOB_NAME_LABEL
 
 # creationTimestamp and a container's finishedAt say which group a failed pod was in (incidents.py).
 _METADATA = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "creationTimestamp")
+# Of the controller's owner reference, what says whose child it is (reconcile counts only this job's uid's).
+_OWNER = ("apiVersion", "kind", "uid", "controller")
 _POD_STATUS = ("phase", "reason", "message", "podIP")
 
 
@@ -48,6 +52,9 @@ def observed_child(body: Mapping[str, Any]) -> dict[str, Any]:
         "kind": body["kind"],
         "metadata": {key: _plain(meta[key]) for key in _METADATA if meta.get(key) is not None},
     }
+    controller = next((owner for owner in meta.get("ownerReferences") or () if owner.get("controller")), None)
+    if controller is not None:
+        out["metadata"]["ownerReferences"] = [{key: controller[key] for key in _OWNER if key in controller}]
     if body["kind"] == "Pod":
         spec, status = body.get("spec") or {}, body.get("status") or {}
         kept_spec = {key: _plain(spec[key]) for key in ("schedulingGates", "nodeName") if spec.get(key)}

@@ -9,7 +9,9 @@ Each call is retried on 429, 5xx, timeouts and lost connections with
 jittered exponential backoff (honouring Retry-After) for a bounded time,
 then fails with `ApiUnavailable` naming the call; the handlers retry the
 whole job soon after (handlers.py). A create answered 409 AlreadyExists is
-"exists already"; any other 409 is a `Conflict`, on which reconcile re-reads
+"exists already" only when the object there is ours and not Terminating
+(`already_exists`); otherwise, and on any other 409 (a status write whose
+resourceVersion is stale), it is a `Conflict`, on which reconcile re-reads
 and plans again. Any other 4xx on a create (403 from Pod Security Admission
 or a quota, 422 from validation, 400, 404) is `Refused`, carrying the API
 server's code, reason and message: trying again changes nothing until the
@@ -32,7 +34,7 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from .backoff import Backoff, retry_after
-from .discovery import OPTIONAL, ServedApis
+from .discovery import OPTIONAL, ServedApis, verb
 from .events import Event
 from .logs import job_logger
 from .names import JOB_NAME_LABEL, label_selector
@@ -62,7 +64,7 @@ class ApiUnavailable(RuntimeError):
 
 
 class Conflict(RuntimeError):
-    """A create answered 409 for another reason than an existing name: re-read and plan again."""
+    """A 409 that is not "ours, exists already": re-read and plan again."""
 
 
 class Refused(RuntimeError):
@@ -100,9 +102,35 @@ class ObjectRef:
         return f"{self.kind} {self.namespace}/{self.name}"
 
 
+def controller_uid(obj: Mapping[str, Any]) -> Optional[str]:
+    """The uid of the BrainTrainingJob that controls `obj` (its controller owner reference), None when none does."""
+    for owner in (obj.get("metadata") or {}).get("ownerReferences") or ():
+        if owner.get("controller") and owner.get("kind") == KIND and owner.get("apiVersion") == API_VERSION:
+            return owner.get("uid")
+    return None
+
+
+def already_exists(wanted: Mapping[str, Any], existing: Mapping[str, Any]) -> None:
+    """A create answered 409 AlreadyExists: fine (None) when the object there is the one wanted, already made
+    (the same controller uid, or neither has one) and not on its way out; else a `Conflict`.
+
+    A Terminating pod of the same name (a lost node's) would never run the
+    replacement; an object another job of the same name left behind is not
+    ours to adopt (reconcile plans again from what it lists).
+    """
+    ref = ObjectRef.of(wanted)
+    if (existing.get("metadata") or {}).get("deletionTimestamp"):
+        raise Conflict(f"create {ref}: the name is held by an object being deleted")
+    if controller_uid(existing) != controller_uid(wanted):
+        raise Conflict(f"create {ref}: the name is held by an object of another owner ({controller_uid(existing)})")
+
+
 class ClusterClient(Protocol):
     def get_job(self, namespace: str, name: str) -> Optional[dict]:
         """The BrainTrainingJob, or None when it is gone."""
+
+    def get(self, ref: ObjectRef) -> Optional[dict]:
+        """One object as the API server holds it now, or None when it is gone."""
 
     def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
         """Objects of one kind labelled `brain.ai/job-name=<job_name>`."""
@@ -112,8 +140,9 @@ class ClusterClient(Protocol):
     ) -> list[dict]:
         """Objects of one kind another controller made for a job (Kueue's Workloads); [] when the kind is not served."""
 
-    def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create unless it exists; True when this call created it. Raises Conflict on any other 409."""
+    def create(self, obj: Mapping[str, Any]) -> Optional[dict]:
+        """Create unless it exists already as wanted (`already_exists`): the object as stored (its uid), or None
+        when it existed. Raises Conflict on any other 409."""
 
     def delete(self, ref: ObjectRef) -> None:
         """Delete (only the object with ref.uid, when given); an object already gone is fine."""
@@ -121,8 +150,11 @@ class ClusterClient(Protocol):
     def patch(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
         """JSON merge patch of an object's spec or metadata."""
 
-    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        """JSON merge patch of a BrainTrainingJob's status subresource (None removes a key)."""
+    def patch_status(
+        self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: Optional[str] = None
+    ) -> Optional[str]:
+        """JSON merge patch of a BrainTrainingJob's status subresource (None removes a key); with the
+        `resource_version` it was planned from, a write since is a Conflict. Returns the new resourceVersion."""
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         """Record a Kubernetes Event on the job; best effort, never fails the reconcile."""
@@ -182,7 +214,7 @@ class KubernetesClient:
 
     def discover(self, namespaces: Sequence[str]) -> ServedApis:
         """The API server's discovery document of each optional group version (a 404: not served), then one
-        SelfSubjectAccessReview per served kind and namespace: may the operator create it there?"""
+        SelfSubjectAccessReview per served kind and namespace: may the operator create it (list a Workload) there?"""
         served: dict[tuple[str, str], str] = {}
         for api_version in sorted({version for version, _ in OPTIONAL}):
             for resource in self._resources(api_version):
@@ -191,7 +223,7 @@ class KubernetesClient:
                     served[kind] = resource["name"]
         forbidden = frozenset(
             (namespace, *kind) for kind, plural in served.items() for namespace in namespaces
-            if not self._may_create(namespace, kind[0].split("/")[0], plural)
+            if not self._may(verb(kind), namespace, kind[0].split("/")[0], plural)
         )
         return ServedApis(served=frozenset(served), forbidden=forbidden)
 
@@ -206,19 +238,22 @@ class KubernetesClient:
             raise
         return list((found or {}).get("resources") or [])
 
-    def _may_create(self, namespace: str, group: str, plural: str) -> bool:
+    def _may(self, action: str, namespace: str, group: str, plural: str) -> bool:
         review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": "create", "group": group,
+                  "spec": {"resourceAttributes": {"namespace": namespace, "verb": action, "group": group,
                                                   "resource": plural}}}
-        answer = self._call(f"may create {plural}.{group} in {namespace or 'every namespace'}", lambda: client
+        answer = self._call(f"may {action} {plural}.{group} in {namespace or 'every namespace'}", lambda: client
                             .AuthorizationV1Api(self._api)
                             .create_self_subject_access_review(review, _request_timeout=REQUEST_TIMEOUT_SECONDS))
         return bool(answer.status and answer.status.allowed)
 
     def get_job(self, namespace: str, name: str) -> Optional[dict]:
+        return self.get(ObjectRef(API_VERSION, KIND, namespace, name))
+
+    def get(self, ref: ObjectRef) -> Optional[dict]:
         try:
-            return self._call(f"get {KIND} {namespace}/{name}", lambda: self._resource(API_VERSION, KIND).get(
-                name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS).to_dict())
+            return self._call(f"get {ref}", lambda: self._resource(ref.api_version, ref.kind).get(
+                name=ref.name, namespace=ref.namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS).to_dict())
         except NotFoundError:
             return None
 
@@ -242,22 +277,27 @@ class KubernetesClient:
             return []  # e.g. Kueue is not installed
         return list(found.to_dict().get("items") or [])
 
-    def create(self, obj: Mapping[str, Any]) -> bool:
+    def create(self, obj: Mapping[str, Any]) -> Optional[dict]:
         ref = ObjectRef.of(obj)
         try:
-            self._call(f"create {ref}", lambda: self._resource(ref.api_version, ref.kind).create(
+            created = self._call(f"create {ref}", lambda: self._resource(ref.api_version, ref.kind).create(
                 body=dict(obj), namespace=ref.namespace, _request_timeout=REQUEST_TIMEOUT_SECONDS))
         except ConflictError as err:
-            # A retry of a create the server carried out also lands here, as AlreadyExists.
-            if _status(err.body).get("reason") == ALREADY_EXISTS:
-                return False
-            raise Conflict(f"create {ref}: {err.summary()}") from err
+            if _status(err.body).get("reason") != ALREADY_EXISTS:
+                raise Conflict(f"create {ref}: {err.summary()}") from err
+            # A retry of a create the server carried out also lands here; so does a name still held by a
+            # Terminating pod or another owner's object: which one it is, only the object says.
+            existing = self.get(ref)
+            if existing is None:
+                raise Conflict(f"create {ref}: AlreadyExists, then gone") from err
+            already_exists(obj, existing)
+            return None
         except DynamicApiError as err:
             # _call let it through: not retried, so a 4xx the object itself (or the namespace) brought on.
             if err.status is not None and 400 <= err.status < 500:
                 raise Refused.of(f"create {ref}", err.status, err.body) from err
             raise
-        return True
+        return created.to_dict()
 
     def delete(self, ref: ObjectRef) -> None:
         body: dict[str, Any] = {"propagationPolicy": "Background"}
@@ -276,10 +316,20 @@ class KubernetesClient:
             body=dict(body), name=ref.name, namespace=ref.namespace, content_type=MERGE_PATCH,
             _request_timeout=REQUEST_TIMEOUT_SECONDS))
 
-    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
-        self._call(f"patch {KIND} {namespace}/{name} status", lambda: self._resource(API_VERSION, KIND).status.patch(
-            body={"status": dict(patch)}, name=name, namespace=namespace, content_type=MERGE_PATCH,
-            _request_timeout=REQUEST_TIMEOUT_SECONDS))
+    def patch_status(
+        self, namespace: str, name: str, patch: Mapping[str, Any], resource_version: Optional[str] = None
+    ) -> Optional[str]:
+        body: dict[str, Any] = {"status": dict(patch)}
+        if resource_version is not None:
+            # A patch that names a resourceVersion is applied only to that version (optimistic concurrency).
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            written = self._call(f"patch {KIND} {namespace}/{name} status", lambda: self._resource(
+                API_VERSION, KIND).status.patch(body=body, name=name, namespace=namespace, content_type=MERGE_PATCH,
+                                                _request_timeout=REQUEST_TIMEOUT_SECONDS))
+        except ConflictError as err:
+            raise Conflict(f"patch {KIND} {namespace}/{name} status: {err.summary()}") from err
+        return (written.to_dict().get("metadata") or {}).get("resourceVersion")
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         meta = job["metadata"]

@@ -51,6 +51,7 @@ from .backoff import Backoff, JobRetries
 from .children import WATCH_SELECTOR, WATCHED, observed_child
 from .cluster import ClusterClient, KubernetesClient, Refused
 from .discovery import ServedApis
+from .expectations import Expectations
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
@@ -154,6 +155,8 @@ class Context:
     namespaces: tuple[str, ...] = ("",)
     # What the cluster serves of the optional APIs, as last discovered; None before the first answer.
     apis: Optional[ServedApis] = None
+    # What each job's passes created and the watches have not shown yet (expectations.py).
+    expectations: Expectations = field(default_factory=Expectations)
     _jobs: set[tuple[str, str]] = field(default_factory=set)
     # Each job as its last pass left it (the status as written): what the next resync's progress ask starts from.
     _seen: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -169,6 +172,8 @@ class Context:
             (self._jobs.add if exists else self._jobs.discard)((namespace, name))
             if not exists:
                 self._seen.pop((namespace, name), None)
+        if not exists:
+            self.expectations.forget(namespace, name)
 
     def saw(self, manifest: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         meta = manifest["metadata"]
@@ -221,6 +226,7 @@ def reconcile_job(
         context.remember(namespace, name, manifest is not None)
         status = None if manifest is None else reconcile(
             manifest, context.client, context.clock(), context.defaults, context.observed, progress, context.apis,
+            context.expectations,
         )
         if manifest is not None and status is not None:
             context.saw(manifest, status)

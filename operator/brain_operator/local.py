@@ -49,6 +49,8 @@ from .local_plan import (
     checkpoint_request_file,
     cluster_only,
     localize,
+    missing_claim,
+    not_started,
     plan_local,
     process_env,
 )
@@ -161,18 +163,21 @@ class _Group:
             raise
 
     def _start(self, worker: LocalWorker, workdir: Path, lines: Lines) -> None:
-        proc = subprocess.Popen(
-            worker.argv,
-            env=process_env(os.environ, worker),
-            cwd=workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                worker.argv,
+                env=process_env(os.environ, worker),
+                cwd=workdir,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                bufsize=1,
+                start_new_session=True,
+            )
+        except OSError as err:
+            raise LocalRunError(not_started(worker, err)) from err
         self.procs.append(proc)
         reader = threading.Thread(target=_pump, args=(worker.name, proc, lines), daemon=True)
         reader.start()
@@ -461,6 +466,9 @@ def _run(plan_for: Callable[[], LocalPlan], stream: TextIO, overrides: tuple[str
         raise LocalRunError(unsupported)
     if importlib.util.find_spec("torch") is None:
         raise LocalRunError("braintrain run needs torch here: pip install 'brain-train[trainer]'")
+    unbound = missing_claim(plan, Path.is_dir)
+    if unbound is not None:
+        raise LocalRunError(unbound)
     # What the trainers will start from, checkpoint.resumeFrom applied (they refuse a step that is not committed).
     checkpoint, run = plan.job.spec.checkpoint, run_id(plan.job)
     refused = resume_from.refusal(plan.checkpoint_dir, checkpoint, run)

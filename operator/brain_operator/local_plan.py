@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from brain_trainer.contract import (
     AGENT_MODULE,
@@ -61,12 +61,15 @@ from .render.workers import (
     rendezvous_timeouts,
 )
 from .spec import Job, trainer_config
-from .spec.owned import CONFIG_VOLUME
+from .spec.owned import CONFIG_VOLUME, DATA_VOLUME
+from .waiting import RUN_CONTAINER_ERROR, UNSCHEDULABLE, Waiting
 
 __all__ = [
     "LocalPlan",
     "LocalRunError",
     "LocalWorker",
+    "missing_claim",
+    "not_started",
     "STDLIB_PLACEHOLDER",
     "checkpoint_request_file",
     "localize",
@@ -115,6 +118,8 @@ class LocalPlan:
     rendezvous: Path  # the attempt's file store
     # SIGTERM to SIGKILL when the runner stops a group, as the kubelet gives a pod its terminationGracePeriodSeconds.
     grace_seconds: int
+    # spec.data.volume.claimName's folder: it must exist already, as a pod's claim must (missing_claim).
+    data_claim: Optional[Path] = None
 
 
 def _below(value: str, mount: str) -> Optional[str]:
@@ -269,7 +274,28 @@ def plan_local(
         workers=local_workers,
         rendezvous=rendezvous,
         grace_seconds=termination_grace_seconds(job),
+        data_claim=shared.get(DATA_VOLUME),
     )
+
+
+def not_started(worker: LocalWorker, err: OSError) -> str:
+    """The one line of a worker whose agent could not be started, as the kubelet says of a container it cannot run."""
+    wait = Waiting(RUN_CONTAINER_ERROR, f"{worker.argv[0]} could not be started: {err.strerror or err}",
+                   (worker.name,))
+    return f"{wait.reason}: {wait.text()}"
+
+
+def missing_claim(plan: LocalPlan, is_dir: Callable[[Path], bool]) -> Optional[str]:
+    """The one line of a run whose data claim has no folder, in the scheduler's words for a pod whose claim does
+    not exist (the VolumeBinding plugin's Unschedulable), else None. Its folder is not made empty: the trainers
+    would read no data."""
+    volume = plan.job.spec.data.volume
+    if plan.data_claim is None or volume is None or is_dir(plan.data_claim):
+        return None
+    wait = Waiting(UNSCHEDULABLE, f'persistentvolumeclaim "{volume.claim_name}" not found: no folder {plan.data_claim} '
+                                  f"(spec.data.volume.claimName: {volume.claim_name}; braintrain run --claims)",
+                   tuple(w.name for w in plan.workers))
+    return f"{wait.reason}: {wait.text()}"
 
 
 def cluster_only(job: Job) -> Optional[str]:

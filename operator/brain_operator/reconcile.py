@@ -10,6 +10,15 @@ and the resync (with its progress poll) all follow one code path, which
 writes status once per pass. The children come from the operator's watches
 when it has them (children.py), else, and after a Conflict, from listing them.
 
+The watches lag the API server, so what they show is corrected before the
+plan: a Terminating child, or a name shown twice, is read again (a DELETED
+event lost in a relist would keep the old object forever), the children this job's passes created and the
+watches do not show yet are added (expectations.py: no create is sent
+twice), and only children whose controller is this job's uid count (a job
+re-created under its name waits for the old one's children to go). The
+status is written with the resourceVersion the pass planned from: a write
+in between is a Conflict, and the pass is planned again.
+
 Idempotent by construction: a second pass over the same cluster plans no
 writes, and the status is patched only when it changed.
 
@@ -29,6 +38,7 @@ to back off in minutes; and an exception while parsing or rendering the job
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence
@@ -37,20 +47,21 @@ from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
 from .accounting import pod_uid, still_handled, unhandled
-from .cluster import ClusterClient, Conflict, ObjectRef, Refused
+from .cluster import ClusterClient, Conflict, ObjectRef, Refused, controller_uid
 from .discovery import ServedApis, missing
 from .events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, overlay_refusal_event,
                      refusal_event, worker_exit_event)
+from .expectations import Expectations
 from .failure_policy import WorkerFailure, consequence, explain, first_cause
 from .incidents import ROOT, Exit, Verdict, judge, still_open
 from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
 from .logs import job_logger
-from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
+from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION, worker_pod_name
 from .on_demand import answered_events, request_events
 from .stalled import stalled_status
 from .pods import PENDING, PodView, created_at, ended_at, is_disruption, pod_view
 from .progress import progress_status, reports_progress
-from .render import checkpoint_claim_name, render, selector
+from .render import KUBEFLOW_JOB_NAME_LABEL, checkpoint_claim_name, render, selector
 from .schedulers import JOB_UID_LABEL, POD_GROUP_COUNT_ANNOTATION, WORKLOAD, pending_reason
 from .spec import Job, OperatorDefaults, OverlayRefused, effective_batch_size, node_range, parse_job, resolved_strategy
 from .spec.model import FAIL_JOB, RETAIN
@@ -74,7 +85,7 @@ from .status import (
 )
 from .storage import StorageTooSmall, check_storage, unchecked_claim_event
 from .vocabulary import assumed
-from .waiting import waiting
+from .waiting import Waiting, earlier_job, stuck_terminating, waiting
 
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")
@@ -109,8 +120,12 @@ def reconcile(
     observed: Optional[Observed] = None,
     progress: Optional[Mapping[str, Any]] = None,
     apis: Optional[ServedApis] = None,
+    expectations: Optional[Expectations] = None,
 ) -> Optional[dict[str, Any]]:
     """Bring one job's children and status in line with its spec; returns the new status as written.
+
+    `expectations` (the operator's, kept across passes) remembers what each
+    pass created until the watches show it.
 
     `apis`, what the cluster was last seen to serve (discovery.py), refuses a
     job that needs what is missing and picks the native PodGroup's version;
@@ -124,7 +139,8 @@ def reconcile(
     replans = 0
     while True:
         try:
-            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None, progress, apis)
+            return _reconcile_once(manifest, client, now, defaults, observed if replans == 0 else None, progress, apis,
+                                   expectations)
         except Conflict:
             replans += 1
             if replans > CONFLICT_REPLANS:
@@ -144,8 +160,11 @@ def _reconcile_once(
     observed: Optional[Observed],
     progress: Optional[Mapping[str, Any]],
     apis: Optional[ServedApis] = None,
+    expectations: Optional[Expectations] = None,
 ) -> dict[str, Any]:
     previous = manifest.get("status") or {}
+    meta = manifest.get("metadata") or {}
+    key = (meta.get("namespace", ""), meta.get("name", ""), meta.get("uid") or "")
     unavailable = None
     refusal: Optional[OverlayRefused] = None
     try:
@@ -170,24 +189,68 @@ def _reconcile_once(
             job_logger(log, meta.get("namespace", ""), meta.get("name", "")).exception("parsing or rendering failed")
     else:
         if unavailable:
-            return apply(plan_unavailable(manifest, unavailable, now), client, manifest)
+            return apply(plan_unavailable(manifest, unavailable, now), client, manifest)["status"]
         children = []
         for kind in watched_kinds(job, desired):
             seen = observed(job.namespace, job.name, kind) if observed is not None else None
-            children += seen if seen is not None else client.list_children(*kind, job.namespace, job.name)
+            children += client.list_children(*kind, job.namespace, job.name) if seen is None else confirmed(seen, client)
+        if expectations is not None:
+            children = with_expected(children, expectations.unseen(key, children, now))
         children += kueue_workloads(job, children, client)
-        if refusal is not None and not any(_kind(child) in OVERLAID for child in children):
+        ours, leftovers = owned(job, children)
+        if refusal is not None and not any(_kind(child) in OVERLAID for child in ours):
             the_plan = plan_invalid(manifest, _errors(refusal), now)  # nothing runs the overlay: an invalid spec
         else:
-            the_plan = plan(job, desired, children, previous, now, progress)
+            the_plan = plan(job, desired, ours, previous, now, progress, leftovers=leftovers)
             if refusal is not None:
                 the_plan = held_by_policy(the_plan, refusal, JobStatus.read(previous), now)
+    created = None if expectations is None else lambda obj: expectations.created(key, obj, now)
+    after = write_status(the_plan, client, manifest)
     try:
-        return apply(the_plan, client, manifest)
+        make_writes(the_plan, client, after, created)
     except Refused as err:
         # Over the status this pass wrote: the refusal, and its event once per message; then the handlers back off.
-        apply(plan_refused(the_plan.status, err, now), client, {**manifest, "status": the_plan.status.to_dict()})
+        apply(plan_refused(the_plan.status, err, now), client, after)
         raise
+    return after["status"]
+
+
+def confirmed(seen: Sequence[Mapping[str, Any]], client: ClusterClient) -> list[Mapping[str, Any]]:
+    """The watches' children, each one that could be a ghost read again: kopf keys its index by uid and keeps an
+    object whose DELETED event fell into a `410 Gone` relist gap for the operator's lifetime, so a Terminating
+    child (which would hold its name) and a name the index holds twice (an old object beside its replacement) are
+    checked with a GET, keeping only the object the API server has under that name."""
+    names = Counter(ObjectRef.of(child) for child in seen)  # by name: ObjectRef compares without the uid
+    read: dict[ObjectRef, Optional[dict]] = {}
+    out = []
+    for child in seen:
+        ref = ObjectRef.of(child)
+        if (child.get("metadata") or {}).get("deletionTimestamp") or names[ref] > 1:
+            if ref not in read:
+                read[ref] = client.get(ref)
+            fresh = read[ref]
+            if fresh is None or (fresh.get("metadata") or {}).get("uid") != ref.uid:
+                continue  # gone, or the name is another object's now
+            child = fresh
+        out.append(child)
+    return out
+
+
+def with_expected(children: Sequence[Mapping[str, Any]], expected: Sequence[Mapping[str, Any]]) -> list:
+    """The children with those created and not yet seen; a created object wins over an older one of its name that
+    the watch still shows (its create succeeded, so that one is gone)."""
+    refs = {ObjectRef.of(obj) for obj in expected}
+    return [*(c for c in children if ObjectRef.of(c) not in refs), *expected]
+
+
+def owned(job: Job, children: Sequence[Mapping[str, Any]]) -> tuple[list, list]:
+    """(this job's children, an earlier job's): a child controlled by a BrainTrainingJob of another uid is not
+    ours, whatever its labels say; one controlled by none (a checkpoint claim kept by reclaimPolicy: Retain) is."""
+    ours, leftovers = [], []
+    for child in children:
+        uid = controller_uid(child)
+        (leftovers if job.uid and uid is not None and uid != job.uid else ours).append(child)
+    return ours, leftovers
 
 
 def plan_unavailable(manifest: Mapping[str, Any], message: str, now: datetime) -> Plan:
@@ -264,36 +327,50 @@ def progress_pods(
     return seen if seen is not None else client.list_children(*POD, job.namespace, job.name)
 
 
-def apply(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """Make the planned writes, the status first (accounting.py says why), then its events, then the children.
+def apply(
+    the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any], created: Optional[Callable[[dict], None]] = None
+) -> dict[str, Any]:
+    """Make the planned writes, the status first (accounting.py says why), then its events, then the children;
+    returns the job as written (its status and resourceVersion)."""
+    job = write_status(the_plan, client, manifest)
+    make_writes(the_plan, client, job, created)
+    return job
 
-    The status is serialised here, once, and patched only where it changed;
-    returns it as written. A status write that fails stops the pass before
-    any pod is deleted; deletions come before creations, so a replaced pod's
-    name is free again.
-    """
+
+def write_status(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The status, serialised here once and patched only where it changed, with the resourceVersion `manifest`
+    was read at (a write since is a Conflict); returns the job as written. A status write that fails stops the
+    pass before any pod is deleted."""
     previous, written = manifest.get("status") or {}, the_plan.status.to_dict()
+    meta = dict(manifest.get("metadata") or {})
     patch = status_patch(previous, written)
     if patch:
-        meta = manifest.get("metadata") or {}
-        client.patch_status(meta.get("namespace", ""), meta.get("name", ""), patch)
+        meta["resourceVersion"] = client.patch_status(meta.get("namespace", ""), meta.get("name", ""), patch,
+                                                      meta.get("resourceVersion"))
+    return {**manifest, "metadata": meta, "status": written}
+
+
+def make_writes(
+    the_plan: Plan, client: ClusterClient, job: Mapping[str, Any], created: Optional[Callable[[dict], None]] = None
+) -> None:
+    """The status's events, then the children: deletions before creations, so a replaced pod's name is free
+    again; `created` hears of each object created (as stored)."""
     for event in the_plan.events:
-        client.post_event(manifest, event)
+        client.post_event(job, event)
     for ref in the_plan.deletes:
         client.delete(ref)
     for obj in the_plan.creates:
-        client.create(obj)
+        stored = client.create(obj)
+        if stored is not None and created is not None:
+            created(stored)
     for ref, body in the_plan.patches:
         client.patch(ref, body)
-    return written
 
 
 def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """The kinds of child to list: what the renderer makes, and pods for the elastic backend even when none is wanted."""
-    kinds = {(obj["apiVersion"], obj["kind"]) for obj in desired}
-    if job.spec.backend == "elastic":
-        kinds.add(POD)
-    return sorted(kinds)
+    """The kinds of child to list: what the renderer makes, and pods (ours, or Kubeflow's for a PyTorchJob: why they
+    wait) even when none is wanted."""
+    return sorted({(obj["apiVersion"], obj["kind"]) for obj in desired} | {POD})
 
 
 def kueue_workloads(job: Job, children: Sequence[Mapping[str, Any]], client: ClusterClient) -> list[dict]:
@@ -350,14 +427,21 @@ def plan(
     previous: Mapping[str, Any],
     now: datetime,
     progress: Optional[Mapping[str, Any]] = None,
+    leftovers: Sequence[Mapping[str, Any]] = (),
 ) -> Plan:
-    """Everything one reconcile decides, for either backend; `progress` is rank 0's document if it was asked for."""
+    """Everything one reconcile decides, for either backend; `progress` is rank 0's document if it was asked for.
+
+    `leftovers` are children an earlier job of this name left (reconcile.owned): until they are gone nothing is
+    created.
+    """
     existing = {ObjectRef.of(c): c for c in children}
     before = JobStatus.read(previous)
     if job.spec.backend == "pytorchjob":
         the_plan = _plan_pytorchjob(job, desired, existing, before, now)
     else:
-        the_plan = _plan_elastic(job, desired, existing, before, now)
+        the_plan = _plan_elastic(job, desired, existing, before, now, earlier_job(leftovers))
+    if leftovers:
+        the_plan = replace(the_plan, creates=())
     status = the_plan.status
     if reports_progress(job.spec.backend, status.phase):
         # Before the Stalled condition, which reads the progress time.
@@ -393,11 +477,14 @@ def _plan_elastic(
     existing: Mapping[ObjectRef, Mapping[str, Any]],
     before: JobStatus,
     now: datetime,
+    leftovers: Optional[Waiting] = None,
 ) -> Plan:
     spec, policy = job.spec, job.spec.run_policy
-    wanted = {ObjectRef.of(o): o for o in desired if (o["apiVersion"], o["kind"]) == POD}
+    # The worker pods wanted, by replica index: a pod of that index under another name (a replacement) is one.
+    wanted = {pod_view(o).index: o for o in desired if (o["apiVersion"], o["kind"]) == POD}
     pods = {ref: pod_view(obj) for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD}
     live = {ref: p for ref, p in pods.items() if not p.terminating}
+    stuck = {ref for ref in pods if stuck_terminating(existing[ref], now)}
     restarts = before.restarts
     terminal = is_terminal(before)
     failed_now = [existing[ref] for ref, p in live.items() if p.phase == FAILED]
@@ -417,7 +504,8 @@ def _plan_elastic(
         pod_plan = _PodPlan(restarts, deletes=list(live))
     else:
         # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
-        regroup = [ref for ref in live if ref in wanted and _group_size(existing[ref]) != _group_size(wanted[ref])]
+        regroup = [ref for ref, p in live.items()
+                   if p.index in wanted and _group_size(existing[ref]) != _group_size(wanted[p.index])]
         failure = _deadline_failure(clock_start(before, job.created), policy.active_deadline_seconds, now)
         # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
         fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in live.items() if p.phase == FAILED}
@@ -429,7 +517,7 @@ def _plan_elastic(
                                 still_open(before.incident, step), _blocked(wanted, pods, existing), step)
         verdicts = dict(zip(judged, found))
         incident = incident or before.incident
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, verdicts, regroup)
+        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, verdicts, regroup, stuck)
     creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
 
     gone = set(pod_plan.deletes)
@@ -451,7 +539,7 @@ def _plan_elastic(
         queued=_kueue_reason(job, existing) if _all_gated(p for ref, p in live.items() if ref not in gone) else None,
         cause=pod_plan.cause,
         handled_failures=still_handled(before.handled_failures or (), [existing[ref] for ref in pods], reported),
-        waiting=None if terminal else waiting([existing[ref] for ref in pods if ref not in gone], now),
+        waiting=None if terminal else leftovers or waiting([existing[ref] for ref in pods if ref not in gone], now),
         created=job.created,
         incident=incident,
     )
@@ -469,11 +557,12 @@ def _exit(pod: Mapping[str, Any], failure: WorkerFailure, now: datetime) -> Exit
     return Exit(failure, created_at(pod), ended_at(pod) or now)
 
 
-def _blocked(wanted: Mapping[ObjectRef, Any], pods: Mapping[ObjectRef, PodView],
+def _blocked(wanted: Mapping[Optional[int], Mapping[str, Any]], pods: Mapping[ObjectRef, PodView],
              existing: Mapping[ObjectRef, Mapping[str, Any]]) -> dict[str, str]:
     """The job's worker pods a peer would wait for in vain (name -> why): Pending, Terminating, disrupted, or
-    wanted and missing."""
-    out = {ref.name: "missing" for ref in wanted if ref not in pods}
+    wanted and missing (no pod of its index)."""
+    held = {p.index for p in pods.values()}
+    out = {obj["metadata"]["name"]: "missing" for index, obj in wanted.items() if index not in held}
     for ref, p in pods.items():
         if p.terminating:
             out[p.name] = "Terminating"
@@ -503,7 +592,7 @@ def _role(verdicts: Mapping[ObjectRef, Verdict], pod: Mapping[str, Any]) -> Opti
 
 def _plan_pods(
     job: Job,
-    wanted: Mapping[ObjectRef, Mapping[str, Any]],
+    wanted: Mapping[Optional[int], Mapping[str, Any]],
     pods: Mapping[ObjectRef, PodView],
     live: Mapping[ObjectRef, PodView],
     restarts: int,
@@ -512,6 +601,7 @@ def _plan_pods(
     new: Collection[ObjectRef],
     verdicts: Mapping[ObjectRef, Verdict],
     regroup: Sequence[ObjectRef] = (),
+    stuck: Collection[ObjectRef] = (),
 ) -> _PodPlan:
     """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes.
 
@@ -520,11 +610,13 @@ def _plan_pods(
     not, a FailJob ends the job. Only `new` failures (accounting.py) cost
     anything: an earlier pass handled the others before it failed to delete
     them. `regroup` pods are replaced too (deleted now, created once gone),
-    without counting as failures.
+    without counting as failures. A worker's place is held by its pod until
+    that pod is gone, unless it is `stuck` Terminating (a lost node's): then
+    its replacement is created under another name (`_replacement`).
     """
     limit = job.spec.run_policy.backoff_limit
-    surplus = [ref for ref in live if ref not in wanted or ref in regroup]
-    failed = [ref for ref, p in live.items() if ref in wanted and p.phase == FAILED]
+    surplus = [ref for ref, p in live.items() if p.index not in wanted or ref in regroup]
+    failed = [ref for ref, p in live.items() if p.index in wanted and p.phase == FAILED]
     handling = [fates[ref] for ref in failed if ref in new]
     counted = [ref for ref in failed if ref in new and verdicts[ref].charged]
     # The cause named in status: this pass's root causes (a disrupted pod's included), else what its exits followed.
@@ -543,16 +635,30 @@ def _plan_pods(
                         cause=cause)
     if any(p.phase == SUCCEEDED for p in live.values()):
         # Training is over once a worker succeeded: a new pod would wait for a rendezvous that never comes.
-        still_running = any(not p.finished for ref, p in live.items() if ref in wanted)
+        still_running = any(not p.finished for p in live.values() if p.index in wanted)
         return _PodPlan(restarts, deletes=surplus, failure=None if still_running else _incomplete_success(live, wanted))
-    present = {ref for ref in pods if ref not in failed}
+    held = {p.index for ref, p in pods.items() if ref not in failed and ref not in stuck}
+    # Names that stay taken after this pass's deletions: a failed pod goes at once (it has nothing to stop).
+    taken = {ref.name for ref in pods if ref not in failed}
     return _PodPlan(
         restarts + len(counted),
         deletes=surplus + failed,
-        creates=[dict(obj) for ref, obj in wanted.items() if ref not in present],
+        creates=[_replacement(job, obj, index, taken) for index, obj in wanted.items() if index not in held],
         replaced=len(failed),
         cause=cause,
     )
+
+
+def _replacement(job: Job, pod: Mapping[str, Any], index: Optional[int], taken: Collection[str]) -> dict[str, Any]:
+    """Worker `index`'s pod under its own name, or, while a pod that will not go away (a lost node's) holds that
+    name, under the first free `<job>-worker-<i>-<attempt>`: the same hostname and subdomain, so its DNS name and
+    the rendezvous endpoint stay put."""
+    name = pod["metadata"]["name"]
+    attempt = 0
+    while name in taken:
+        attempt += 1
+        name = worker_pod_name(job.name, index or 0, attempt)
+    return {**pod, "metadata": {**pod["metadata"], "name": name}}
 
 
 def _plan_pytorchjob(
@@ -582,6 +688,7 @@ def _plan_pytorchjob(
         selector=selector(job),
         now=now,
         queued=_kueue_reason(job, existing) if current is not None and _kueue_holds(job, current) else None,
+        waiting=None if terminal else waiting(_kubeflow_pods(job, existing), now),
     )
     return Plan(
         status=status,
@@ -589,6 +696,12 @@ def _plan_pytorchjob(
         patches=tuple(patches),
         events=tuple(compute_events(before, status, [])),
     )
+
+
+def _kubeflow_pods(job: Job, existing: Mapping[ObjectRef, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The pods the training operator made for the job's PyTorchJob (named after the job), by its own label."""
+    return [obj for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD
+            and ((obj.get("metadata") or {}).get("labels") or {}).get(KUBEFLOW_JOB_NAME_LABEL) == job.name]
 
 
 def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any], *, kueue: bool) -> dict[str, Any]:
@@ -695,8 +808,9 @@ def _ttl_expired(before: JobStatus, ttl: Optional[int], now: datetime) -> bool:
     return ttl is not None and bool(done) and now - parse_time(done) >= timedelta(seconds=ttl)
 
 
-def _incomplete_success(live: Mapping[ObjectRef, PodView], wanted: Mapping[ObjectRef, Any]) -> Optional[Failure]:
-    missed = sorted(ref.name for ref in wanted if ref not in live or live[ref].phase != SUCCEEDED)
+def _incomplete_success(live: Mapping[ObjectRef, PodView], wanted: Mapping[Optional[int], Any]) -> Optional[Failure]:
+    succeeded = {p.index for p in live.values() if p.phase == SUCCEEDED}
+    missed = sorted(obj["metadata"]["name"] for index, obj in wanted.items() if index not in succeeded)
     if not missed:
         return None
     return Failure("WorkersFailed", f"training ended but these workers did not succeed: {', '.join(missed)}")

@@ -200,8 +200,13 @@ def _reason(before: JobStatus, seen: Observation) -> Optional[str]:
     """`status.reason`: this pass's worker failure, else why workers wait; a wait that ended clears it."""
     if seen.cause is not None:
         return seen.cause.reason
-    if seen.waiting is not None:
-        return seen.waiting.reason
+    return _waiting_reason(before, seen.waiting)
+
+
+def _waiting_reason(before: JobStatus, wait: Optional[Waiting]) -> Optional[str]:
+    """`status.reason` from why workers wait; a wait that ended clears it, another reason stays."""
+    if wait is not None:
+        return wait.reason
     old = next((c for c in before.conditions if c.type == WORKERS_READY), None)
     waited = old is not None and old.status == "False" and old.reason == before.reason
     return None if waited else before.reason
@@ -285,10 +290,12 @@ def pytorchjob_status(
     selector: str,
     now: datetime,
     queued: Optional[tuple[str, str]] = None,
+    waiting: Optional[Waiting] = None,
 ) -> JobStatus:
     """The new status of a job delegated to Kubeflow, read from its PyTorchJob's conditions.
 
-    `queued` (Kueue's reason and message) while Kueue keeps the PyTorchJob suspended.
+    `queued` (Kueue's reason and message) while Kueue keeps the PyTorchJob suspended; `waiting`, why the pods
+    Kubeflow made wait (waiting.py), names the reason of a Pending or Restarting job, as for the elastic backend.
     """
     kf_status = (pytorchjob or {}).get("status") or {}
     phase, reason, message, since = PENDING, "PyTorchJobPending", "waiting for the PyTorchJob", None
@@ -300,17 +307,21 @@ def pytorchjob_status(
             break
     if queued is not None and phase in (PENDING, SUSPENDED):
         phase, (reason, message), since = QUEUED, queued, None
+    elif waiting is not None and phase in (PENDING, RESTARTING):
+        reason, message = waiting.reason, waiting.text()
     restarts = before.restarts
     restarting = before.condition(RESTARTING)
     if phase == RESTARTING and since and since != (restarting.last_transition_time if restarting else None):
         # Each new Restarting transition of the PyTorchJob is one restart; our
         # Restarting condition keeps its time, so a repeat read does not count twice.
         restarts += 1
-    out = _counted(before, generation, _kubeflow_workers(kf_status, desired), selector, restarts, strategy,
-                   effective_batch_size)
+    workers = _kubeflow_workers(kf_status, desired)
+    out = _counted(before, generation, workers, selector, restarts, strategy, effective_batch_size)
     if not is_terminal(before):
+        out = replace(out, reason=_waiting_reason(before, waiting))
         conditions = _conditions(before, phase, reason, message, now, valid=_VALID, since=since)
-        out = _moved(out, before, phase, conditions, now, reported=kf_status)
+        out = _moved(out, before, phase, [*conditions, _workers_ready(before, phase, workers, waiting, now)], now,
+                     reported=kf_status)
     return out
 
 

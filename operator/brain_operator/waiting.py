@@ -29,12 +29,15 @@ from .schedulers import gated_by_kueue
 UNSCHEDULABLE = "Unschedulable"
 CONTAINER_CREATING = "ContainerCreating"
 STUCK_TERMINATING = "StuckTerminating"
+# Children an earlier job of the same name left (another owner uid): this one starts once they are gone.
+EARLIER_JOB = "EarlierJobTerminating"
+RUN_CONTAINER_ERROR = "RunContainerError"
 # Container waiting reasons of a normal start: not worth a word until they last (ContainerCreating) or never.
 STARTING = ("PodInitializing", CONTAINER_CREATING)
 # Most decisive first: a broken pod spec (secret, image) before the cluster's capacity, capacity before time.
 PRIORITY = ("CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff",
-            "CreateContainerError", "RunContainerError", "CrashLoopBackOff", UNSCHEDULABLE, STUCK_TERMINATING,
-            CONTAINER_CREATING)
+            "CreateContainerError", RUN_CONTAINER_ERROR, "CrashLoopBackOff", UNSCHEDULABLE, STUCK_TERMINATING,
+            EARLIER_JOB, CONTAINER_CREATING)
 # A scheduled pod still creating its containers this long is waiting for a volume (or a very large image).
 CONTAINER_CREATING_SECONDS = 180
 # Past its deletionTimestamp (the end of its grace) plus this, a Terminating pod is not going away on its own.
@@ -48,9 +51,29 @@ class Waiting:
     reason: str
     message: str
     pods: tuple[str, ...]
+    # What `pods` names: worker pods, or the objects an earlier job left.
+    noun: str = "worker pod"
 
     def text(self) -> str:
-        return f"worker pod{'s' if len(self.pods) > 1 else ''} {', '.join(self.pods)}: {self.message}"
+        return f"{self.noun}{'s' if len(self.pods) > 1 else ''} {', '.join(self.pods)}: {self.message}"
+
+
+def stuck_terminating(pod: Mapping[str, Any], now: datetime) -> bool:
+    """Terminating past the end of its grace (its deletionTimestamp) plus the margin: not going away on its own,
+    so it no longer holds its worker's place (reconcile creates the replacement under another name)."""
+    deleted = (pod.get("metadata") or {}).get("deletionTimestamp")
+    return bool(deleted) and now - parse_time(deleted) >= timedelta(seconds=TERMINATING_MARGIN_SECONDS)
+
+
+def earlier_job(leftovers: Iterable[Mapping[str, Any]]) -> Optional[Waiting]:
+    """Children of an earlier job of this name (another owner uid) still there: nothing of this job is created
+    until the garbage collector removed them, so its pods never mount the old trainer.yaml nor meet the old
+    workers at the old rendezvous."""
+    named = sorted(f"{o.get('kind', '')} {(o.get('metadata') or {}).get('name', '')}" for o in leftovers)
+    if not named:
+        return None
+    return Waiting(EARLIER_JOB, "left by an earlier job of this name; it starts once the garbage collector "
+                   "removed them", tuple(named), noun="object")
 
 
 def pod_waiting(pod: Mapping[str, Any], now: datetime) -> Optional[tuple[str, str]]:
@@ -59,12 +82,12 @@ def pod_waiting(pod: Mapping[str, Any], now: datetime) -> Optional[tuple[str, st
     node = (pod.get("spec") or {}).get("nodeName") or "no node"
     deleted = meta.get("deletionTimestamp")
     if deleted:
-        if now - parse_time(deleted) < timedelta(seconds=TERMINATING_MARGIN_SECONDS):
+        if not stuck_terminating(pod, now):
             return None
         # Times, not durations, in messages: a message that changes every pass would be an event every pass.
         return STUCK_TERMINATING, (
-            f"Terminating on node {node} past its grace period, which ended {deleted} (is the node lost?): "
-            f"kubectl delete pod {meta.get('name', '')} --force, or taint the node node.kubernetes.io/out-of-service"
+            f"Terminating on node {node} past its grace period, which ended {deleted} (is the node lost?); a "
+            f"replacement pod takes its place; to remove it: kubectl delete pod {meta.get('name', '')} --force, or taint the node node.kubernetes.io/out-of-service"
         )
     if status.get("phase") not in (None, "Pending") or gated_by_kueue(pod):
         return None

@@ -20,24 +20,26 @@ NAMESPACED: Grants = {
     # needs update on the owner's finalizers where OwnerReferencesPermissionEnforcement runs.
     ("brain.ai", "braintrainingjobs/finalizers"): frozenset({"update"}),
     # reconcile: list, create, delete (failed, surplus, suspended, finished pods);
-    # kopf watches them so pod changes refresh the job's status.
-    ("", "pods"): frozenset({"list", "watch", "create", "delete"}),
+    # kopf watches them so pod changes refresh the job's status. Every kind created is
+    # also read (get) when a create meets AlreadyExists (ClusterClient.create: ours and
+    # alive?), and a pod the watch shows Terminating is read again (reconcile.confirmed).
+    ("", "pods"): frozenset({"get", "list", "watch", "create", "delete"}),
     # kopf watches them (children.py) so a child deleted by hand comes back at once;
     # reconcile creates what is missing (and lists them after a Conflict). Never deleted
     # by the operator: owner references garbage-collect them with the job, and
     # a retained checkpoint claim outlives it.
-    ("", "services"): frozenset({"list", "watch", "create"}),
-    ("", "persistentvolumeclaims"): frozenset({"list", "watch", "create"}),
+    ("", "services"): frozenset({"get", "list", "watch", "create"}),
+    ("", "persistentvolumeclaims"): frozenset({"get", "list", "watch", "create"}),
     # Each job's NetworkPolicy (render/network.py): watched, created when missing, never
     # patched or deleted (owner references garbage-collect it with the job).
-    ("networking.k8s.io", "networkpolicies"): frozenset({"list", "watch", "create"}),
+    ("networking.k8s.io", "networkpolicies"): frozenset({"get", "list", "watch", "create"}),
     # The ConfigMap with trainer.yaml is also patched when a propagated spec field changes.
-    ("", "configmaps"): frozenset({"list", "watch", "create", "patch"}),
+    ("", "configmaps"): frozenset({"get", "list", "watch", "create", "patch"}),
     # scheduling.gang: the job's PodGroup (Kubernetes', scheduler-plugins' or Volcano's),
     # watched and created like the other children, garbage-collected with the job.
-    ("scheduling.k8s.io", "podgroups"): frozenset({"list", "watch", "create"}),
-    ("scheduling.x-k8s.io", "podgroups"): frozenset({"list", "watch", "create"}),
-    ("scheduling.volcano.sh", "podgroups"): frozenset({"list", "watch", "create"}),
+    ("scheduling.k8s.io", "podgroups"): frozenset({"get", "list", "watch", "create"}),
+    ("scheduling.x-k8s.io", "podgroups"): frozenset({"get", "list", "watch", "create"}),
+    ("scheduling.volcano.sh", "podgroups"): frozenset({"get", "list", "watch", "create"}),
     # ClusterClient.list_objects: Kueue's Workload of a job it holds back, for its reason (read only).
     ("kueue.x-k8s.io", "workloads"): frozenset({"list"}),
     # kopf's handler events and ours (phase transitions, worker failures): posted only.
@@ -49,7 +51,7 @@ NAMESPACED: Grants = {
 # and patches a changed suspend flag or replica count into it; owner references
 # delete it with the job.
 PYTORCHJOB: Grants = {
-    ("kubeflow.org", "pytorchjobs"): frozenset({"list", "create", "patch"}),
+    ("kubeflow.org", "pytorchjobs"): frozenset({"get", "list", "create", "patch"}),
 }
 
 # Cluster-wide mode only: kopf's resource observer lists and watches CRDs to follow

@@ -221,13 +221,16 @@ def test_every_kind_the_renderers_make_can_be_listed_and_created():
 def test_the_cluster_client_still_makes_only_the_calls_the_allow_list_covers():
     # get_job -> get jobs; list_children/create -> list/create children; delete -> delete pods;
     # patch -> patch pytorchjobs and configmaps; patch_status -> patch jobs/status; post_event ->
-    # create events; list_objects -> list Kueue's workloads; discover -> the discovery documents and
-    # SelfSubjectAccessReviews, which Kubernetes' default ClusterRoles system:discovery and system:basic-user grant
-    # every authenticated user (plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go), so no grant of ours.
-    # A new call needs a new grant.
+    # create events; list_objects -> list Kueue's workloads; get -> get every kind created (a create
+    # that meets AlreadyExists) and pods (one the watch shows Terminating); discover -> discovery
+    # documents and SelfSubjectAccessReviews, which every authenticated user may ask (Kubernetes'
+    # system:discovery and system:basic-user roles). A new call needs a new grant.
     calls = {name for name in vars(ClusterClient) if not name.startswith("_")}
-    assert calls == {"get_job", "list_children", "list_objects", "create", "delete", "patch", "patch_status", "post_event",
-                     "discover"}
+    assert calls == {"get_job", "get", "list_children", "list_objects", "create", "delete", "patch", "patch_status",
+                     "post_event", "discover"}
+    for kind, verbs in NAMESPACED_GRANTS.items():
+        if "create" in verbs and kind != ("", "events"):
+            _needs(kind, "get")
     _needs(("brain.ai", "braintrainingjobs"), "get")
     _needs(("brain.ai", "braintrainingjobs/status"), "patch")
     _needs(("", "pods"), "delete")

@@ -14,7 +14,7 @@ from brain_operator.children import WATCHED_KINDS, observed_child
 from brain_operator.reconcile import Observed
 
 VERBS = {
-    "get_job": "GET", "list_children": "LIST", "list_objects": "LIST", "create": "CREATE", "delete": "DELETE",
+    "get_job": "GET", "get": "GET", "list_children": "LIST", "list_objects": "LIST", "create": "CREATE", "delete": "DELETE",
     "patch": "PATCH", "patch_status": "PATCH status", "post_event": "CREATE event",
 }
 

@@ -1,21 +1,30 @@
 """An in-memory ClusterClient: the one fake the tests allow (a stand-in for our own thin client).
 
-It keeps objects in a dict, answers create/list/delete/patch as the API
-server would for these calls (409 on a duplicate name, 404 ignored on
-delete, JSON merge patch), and records every write so a test can assert that
-a second reconcile wrote nothing. Helpers let a test play the kubelet
-(move a pod to Running, Failed, evicted or Succeeded), the garbage collector
-(`delete_job` removes what the job owns) and, with `kueue=True`, Kueue: its
-webhooks gate every queued pod and suspend every queued PyTorchJob on
-creation, and `admit` lifts both, as Kueue's controller does. With
-`pod_security="restricted"` it refuses a pod as Pod Security Admission
-does, and `validate` refuses what a test says is invalid, each with the
-Status body the API server sends (`forbidden`, `invalid`), read back by
-the real client's own `Refused.of`. The scheduler's and the kubelet's words
-for a pod that waits (`unschedulable`, `pull_fails`, `config_missing`,
-`creating`) and a node lost under its pods (`lose_node`) are written where
-Kubernetes writes them, each citing the upstream file; `now` is the clock
-they read.
+It keeps objects in a dict and answers create/get/list/delete/patch as the
+API server does, each rule citing the upstream file it imitates, so that
+it is never kinder than Kubernetes: every write stamps a resourceVersion; a
+create of a name that exists, Terminating included, is 409 AlreadyExists; a
+delete's uid precondition and a status patch's resourceVersion are enforced
+(409 Conflict); deletion is graceful (a scheduled, unfinished pod stays
+Terminating until its kubelet confirms, `kubelet_confirms`) and any object
+with finalizers stays until they are removed; the garbage collector works
+by owner uid and later (`collect_garbage`, after `delete_job`); a lost node's
+pods stay Terminating for good (`lose_node`) until PodGC frees them
+(`delete_node`, `out_of_service`); victims carry DisruptionTarget
+(`preempt`, `evict`, `evict_pod`, `lose_node`). `Watch` is the operator's
+kopf-index view of the children, lagging the store by a number of passes.
+
+It records every write so a test can assert that a second reconcile wrote
+nothing. Helpers let a test play the kubelet (move a pod to Running, Failed,
+evicted or Succeeded) and, with `kueue=True`, Kueue: its webhooks gate every
+queued pod and suspend every queued PyTorchJob on creation, and `admit`
+lifts both, as Kueue's controller does. With `pod_security="restricted"` it
+refuses a pod as Pod Security Admission does, and `validate` refuses what a
+test says is invalid, each with the Status body the API server sends
+(`forbidden`, `invalid`), read back by the real client's own `Refused.of`.
+The scheduler's and the kubelet's words for a pod that waits
+(`unschedulable`, `pull_fails`, `config_missing`, `creating`) are written
+where Kubernetes writes them; `now` is the clock they read.
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ import itertools
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Optional
 
-from brain_operator.cluster import ObjectRef, Refused
+from brain_operator.children import WATCHED_KINDS, observed_child
+from brain_operator.cluster import Conflict, ObjectRef, Refused, already_exists
 from brain_operator.discovery import OPTIONAL, ServedApis
 from brain_operator.events import Event
 from brain_operator.names import JOB_NAME_LABEL
@@ -75,6 +85,59 @@ DEFAULT_GRACE_SECONDS = 30
 # Where the fake's own clock starts: the tests' usual first reconcile.
 EPOCH = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 
+
+
+def deletion_grace(obj: Mapping[str, Any]) -> int:
+    """The grace a delete without one gets: a pod's terminationGracePeriodSeconds, but none for a pod never
+    scheduled or already finished, whose kubelet has nothing to stop (pkg/registry/core/pod/strategy.go,
+    CheckGracefulDelete); other kinds none (rest/delete.go: no graceful strategy)."""
+    if obj.get("kind") != "Pod":
+        return 0
+    if not obj["spec"].get("nodeName") or (obj.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+        return 0
+    return obj["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+
+
+def disruption_target(reason: str, message: str, now: datetime) -> dict:
+    """The condition a disrupted pod gets before it is deleted (pkg/apis/core/types.go DisruptionTarget and its
+    reasons PreemptionByScheduler, EvictionByEvictionAPI, DeletionByTaintManager, DeletionByPodGC,
+    TerminationByKubelet), stamped when it is set as every pod condition is."""
+    return {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message,
+            "lastTransitionTime": format_time(now)}
+
+
+class Watch:
+    """The operator's kopf indexes over a FakeCluster, `lag` passes behind its store (an Observed).
+
+    A watch delivers events some time after the writes: the pass after a
+    create may not see the pod yet, and a deleted pod may still be listed.
+    `tick()` starts a pass; each job's children are then read as they were
+    `lag` passes before (nothing before its first), trimmed to what the
+    indexes keep (children.observed_child).
+    """
+
+    def __init__(self, cluster: "FakeCluster", lag: int = 0) -> None:
+        self.cluster, self.lag = cluster, lag
+        self.passes = 0
+        self._seen: dict[tuple[str, str], list[tuple[int, dict]]] = {}
+
+    def tick(self) -> None:
+        self.passes += 1
+
+    def __call__(self, namespace: str, name: str, kind: tuple[str, str]) -> Optional[list[dict]]:
+        if kind not in WATCHED_KINDS:
+            return None
+        history = self._seen.setdefault((namespace, name), [])
+        if not history or history[-1][0] != self.passes:
+            history.append((self.passes, {k: [observed_child(c) for c in self.cluster.list_children(*k, namespace, name)]
+                                          for k in WATCHED_KINDS}))
+        then = [i for i, (seen, _) in enumerate(history) if seen <= self.passes - self.lag]
+        if not then:
+            return []
+        del history[:then[-1]]  # older views are never read again
+        return copy.deepcopy(history[0][1][kind])
+
+
 # The restricted level allows adding this capability and no other (Pod Security Standards).
 RESTRICTED_CAPABILITIES = {"NET_BIND_SERVICE"}
 # The lines of pod_security's checker that the PSA wording below already says.
@@ -118,29 +181,36 @@ def _containers(names: list[str]) -> str:
 
 
 class FakeCluster:
-    def __init__(self, *, graceful_pod_deletion: bool = False, kueue: bool = False, pod_security: str = "privileged",
+    def __init__(self, *, kueue: bool = False, pod_security: str = "privileged",
                  validate: Optional[Callable[[Mapping[str, Any]], Optional[dict]]] = None,
                  served: Any = OPTIONAL, forbidden: Any = ()) -> None:
-        self.kueue = kueue
         # The optional (apiVersion, kind)s the API server serves, and those RBAC refuses the operator to create.
         self.served, self.forbidden = set(served), set(forbidden)
-        # Admission, in the API server's order: validation of the object, then the admission plugins (PSA).
+        # Admission, in the API server's order (k8s.io/apiserver pkg/admission): mutating webhooks change the
+        # object (Kueue's), then validation of the object and the validating plugins (PSA) may refuse it.
+        self.mutating: list[Callable[[dict], None]] = [self._kueue_webhook] if kueue else []
         self.admission = [check for check in (validate, pod_security_restricted if pod_security == "restricted"
                                               else None) if check is not None]
         self.objects: dict[ObjectRef, dict] = {}
+        # Every write, and every 409 the API server answered ("already_exists", "conflict").
         self.writes: list[tuple[str, ObjectRef]] = []
         self.events: list[tuple[str, Event]] = []
-        # A real pod lingers with a deletionTimestamp until the kubelet stops it.
-        self.graceful_pod_deletion = graceful_pod_deletion
         # The time the fake's scheduler, kubelet and API server stamp (a test moves it with its reconciles).
         self.now = EPOCH
+        # Nodes whose kubelet no longer answers: nothing on them is ever confirmed stopped.
+        self.lost_nodes: set[str] = set()
         self._uids = itertools.count(1)
+        # etcd's revision: every write stamps the object it changes with the next one.
+        self._revisions = itertools.count(1)
         # Children by (apiVersion, kind, namespace, job label): listing stays O(children), as a label index does.
         self._children: dict[tuple[str, str, str, str], set[ObjectRef]] = {}
 
     # -- ClusterClient ---------------------------------------------------
     def get_job(self, namespace: str, name: str) -> Optional[dict]:
-        found = self.objects.get(ObjectRef(API_VERSION, KIND, namespace, name))
+        return self.get(ObjectRef(API_VERSION, KIND, namespace, name))
+
+    def get(self, ref: ObjectRef) -> Optional[dict]:
+        found = self.objects.get(ref)
         return copy.deepcopy(found) if found is not None else None
 
     def list_children(self, api_version: str, kind: str, namespace: str, job_name: str) -> list[dict]:
@@ -160,51 +230,72 @@ class FakeCluster:
                 out.append(copy.deepcopy(obj))
         return out
 
-    def create(self, obj: Mapping[str, Any]) -> bool:
+    def create(self, obj: Mapping[str, Any]) -> Optional[dict]:
         ref = ObjectRef.of(obj)
-        if ref in self.objects:
-            return False
+        existing = self.objects.get(ref)
+        if existing is not None:
+            # 409 AlreadyExists whatever the stored object is, Terminating included: a name is free only once
+            # the object is removed (staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go, Create).
+            self.writes.append(("already_exists", ref))
+            return already_exists(obj, copy.deepcopy(existing))
+        stored = copy.deepcopy(dict(obj))
+        for mutate in self.mutating:
+            mutate(stored)
         for check in self.admission:
-            status = check(obj)
+            status = check(stored)
             if status is not None:
                 self.writes.append(("refused", ref))
                 raise Refused.of(f"create {ref}", status["code"], status)
-        stored = copy.deepcopy(dict(obj))
-        if self.kueue and QUEUE_LABEL in (stored["metadata"].get("labels") or {}):
-            self._kueue_webhook(stored)
         stored["metadata"].setdefault("uid", f"uid-{next(self._uids)}")
         stored["metadata"].setdefault("generation", 1)
-        # As for a job (apply_job): the API server stamps every object it creates.
         stored["metadata"].setdefault("creationTimestamp", format_time(self.now))
         if ref.kind == "Pod":
             stored.setdefault("status", {"phase": "Pending"})
+        self._stamp(stored)
         self.objects[ref] = stored
         job_name = (stored["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
         if job_name is not None:
             self._children.setdefault((ref.api_version, ref.kind, ref.namespace, job_name), set()).add(ref)
         self.writes.append(("create", ref))
-        return True
+        return copy.deepcopy(stored)
 
-    def delete(self, ref: ObjectRef) -> None:
-        if ref not in self.objects:
+    def delete(self, ref: ObjectRef, *, grace: Optional[int] = None) -> None:
+        """DELETE with propagationPolicy Background, as the client sends it (`grace` is kubectl's --grace-period).
+
+        store.go Delete: a failed uid precondition is 409 Conflict (the real
+        client reads it as "the object meant is gone"); then graceful deletion
+        (BeforeDelete, k8s.io/apiserver pkg/registry/rest/delete.go) and the
+        finalizers decide whether the object goes now or only gets its
+        deletionTimestamp.
+        """
+        obj = self.objects.get(ref)
+        if obj is None:
             return
-        if ref.uid and self.objects[ref]["metadata"].get("uid") != ref.uid:
-            return  # the uid precondition fails: the object meant is gone, another of its name stays
+        if ref.uid and obj["metadata"].get("uid") != ref.uid:
+            self.writes.append(("conflict", ref))
+            return
         self.writes.append(("delete", ref))
-        if self.graceful_pod_deletion and ref.kind == "Pod":
-            self._mark_deleted(self.objects[ref])
-        else:
-            del self.objects[ref]
+        self._delete(ref, grace)
 
     def patch(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
-        self.objects[ref] = merge_patch(self.objects[ref], body)
+        self.objects[ref] = self._stamp(merge_patch(self.objects[ref], body))
         self.writes.append(("patch", ref))
+        self._finalized(ref)
 
-    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, patch: Mapping[str, Any],
+                     resource_version: Optional[str] = None) -> Optional[str]:
+        """A merge patch of the status subresource; a resourceVersion in it is a precondition: another writer's
+        change since is 409 Conflict (store.go GuaranteedUpdate, the object's resourceVersion compared)."""
         ref = ObjectRef(API_VERSION, KIND, namespace, name)
         job = self.objects[ref]
+        if resource_version is not None and job["metadata"].get("resourceVersion") != resource_version:
+            self.writes.append(("conflict", ref))
+            raise Conflict(f"patch {ref} status: the object has been modified; please apply your changes to the "
+                           "latest version and try again")
         job["status"] = merge_patch(job.get("status") or {}, patch)
+        self._stamp(job)
         self.writes.append(("patch_status", ref))
+        return job["metadata"]["resourceVersion"]
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         self.events.append((job["metadata"]["name"], event))
@@ -214,8 +305,52 @@ class FakeCluster:
         return ServedApis(served=frozenset(self.served), forbidden=frozenset(
             (namespace, *kind) for kind in self.served & self.forbidden for namespace in namespaces))
 
+    # -- the API server's own bookkeeping ----------------------------------
+    def _stamp(self, obj: dict) -> dict:
+        obj["metadata"]["resourceVersion"] = str(next(self._revisions))
+        return obj
+
+    def _delete(self, ref: ObjectRef, grace: Optional[int]) -> None:
+        obj = self.objects[ref]
+        meta = obj["metadata"]
+        grace = deletion_grace(obj) if grace is None else grace
+        if meta.get("deletionTimestamp"):
+            # A second delete may only shorten the grace (rest/delete.go BeforeDelete); grace 0 is the kubelet's
+            # (or kubectl --force's) "stopped": the object goes once no finalizer holds it.
+            if grace == 0:
+                meta["deletionGracePeriodSeconds"] = 0
+                self._finalized(ref)
+            return
+        if grace == 0 and not meta.get("finalizers"):
+            self._remove(ref)
+            return
+        # deletionTimestamp is when the grace ends, not when the delete came (rest/delete.go, BeforeDelete).
+        meta["deletionTimestamp"] = format_time(self.now + timedelta(seconds=grace))
+        meta["deletionGracePeriodSeconds"] = grace
+        self._stamp(obj)
+
+    def _finalized(self, ref: ObjectRef) -> None:
+        """An object marked for deletion goes once its grace is confirmed over and its last finalizer is removed
+        (store.go, updateForGracefulDeletionAndFinalizers and Update's "deleteImmediately")."""
+        obj = self.objects.get(ref)
+        if obj is None:
+            return
+        meta = obj["metadata"]
+        if meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds") == 0 and not meta.get("finalizers"):
+            self._remove(ref)
+
+    def _remove(self, ref: ObjectRef) -> None:
+        obj = self.objects.pop(ref)
+        job_name = (obj["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
+        if job_name is not None:
+            self._children.get((ref.api_version, ref.kind, ref.namespace, job_name), set()).discard(ref)
+
     # -- the test's side: the user, the kubelet, the garbage collector, Kueue --
     def _kueue_webhook(self, obj: dict) -> None:
+        """Kueue's mutating webhook on a queued object: a pod gated and held by its finalizer, a PyTorchJob
+        suspended."""
+        if QUEUE_LABEL not in (obj["metadata"].get("labels") or {}):
+            return
         if obj["kind"] == "Pod":
             obj["spec"].setdefault("schedulingGates", []).append({"name": ADMISSION_GATE})
             obj["metadata"].setdefault("finalizers", []).append("kueue.x-k8s.io/managed")
@@ -235,16 +370,35 @@ class FakeCluster:
                 obj["spec"]["runPolicy"]["suspend"] = False
 
     def put(self, obj: Mapping[str, Any]) -> None:
-        """An object another controller made (a Kueue Workload)."""
-        self.objects[ObjectRef.of(obj)] = copy.deepcopy(dict(obj))
+        """An object another controller made (a Kueue Workload, Kubeflow's pods): listed by the job label it carries,
+        as a label selector finds it."""
+        ref = ObjectRef.of(obj)
+        self.objects[ref] = self._stamp(copy.deepcopy(dict(obj)))
+        job_name = (obj["metadata"].get("labels") or {}).get(JOB_NAME_LABEL)
+        if job_name is not None:
+            self._children.setdefault((ref.api_version, ref.kind, ref.namespace, job_name), set()).add(ref)
 
     def delete_job(self, name: str, namespace: str = "default") -> dict:
-        """kubectl delete btj: the job goes, and the garbage collector takes everything it owns."""
-        job = self.objects.pop(ObjectRef(API_VERSION, KIND, namespace, name))
-        uid = job["metadata"]["uid"]
-        for ref in [r for r, o in self.objects.items() if any(w.get("uid") == uid for w in o["metadata"].get("ownerReferences", []))]:
-            del self.objects[ref]
+        """kubectl delete btj: the job goes (it carries no finalizer); what it owns stays until `collect_garbage`."""
+        ref = ObjectRef(API_VERSION, KIND, namespace, name)
+        job = copy.deepcopy(self.objects[ref])
+        self._remove(ref)
         return job
+
+    def collect_garbage(self) -> list[ObjectRef]:
+        """The garbage collector's pass, some time after an owner went: every object whose owner references
+        all name uids that no longer exist is deleted in the background, gracefully (its pods Terminating for
+        their grace), never by name: an owner re-created under the same name has another uid and owns nothing
+        of the old one's (pkg/controller/garbagecollector/garbagecollector.go, attemptToDeleteItem; the graph
+        is keyed by uid in graph.go)."""
+        uids = {obj["metadata"].get("uid") for obj in self.objects.values()}
+        orphans = [ref for ref, obj in sorted(self.objects.items())
+                   if (owners := obj["metadata"].get("ownerReferences"))
+                   and not any(owner.get("uid") in uids for owner in owners)
+                   and not obj["metadata"].get("deletionTimestamp")]
+        for ref in orphans:
+            self._delete(ref, None)
+        return orphans
 
     def apply_job(self, manifest: Mapping[str, Any]) -> dict:
         """kubectl apply: store or update the job, bumping generation when the spec changes."""
@@ -263,7 +417,7 @@ class FakeCluster:
             meta["creationTimestamp"] = old["metadata"]["creationTimestamp"]
             meta["generation"] = old["metadata"]["generation"] + (old.get("spec") != job.get("spec"))
             job["status"] = old.get("status") or {}
-        self.objects[ref] = job
+        self.objects[ref] = self._stamp(job)
         return copy.deepcopy(job)
 
     def pods(self, namespace: str = "default") -> dict[str, dict]:
@@ -277,6 +431,7 @@ class FakeCluster:
         conditions = list(status.pop("conditions", []))
         conditions.append({"type": "Ready", "status": "True" if ready else "False"})
         pod["status"] = {"phase": phase, "conditions": conditions, **status}
+        self._stamp(pod)
 
     def run_all(self, namespace: str = "default") -> None:
         for name in self.pods(namespace):
@@ -296,15 +451,47 @@ class FakeCluster:
         )
 
     def evict_pod(self, name: str, *, namespace: str = "default") -> None:
+        """The kubelet's node-pressure eviction: the pod Failed, reason Evicted, and DisruptionTarget
+        TerminationByKubelet (pkg/kubelet/eviction/eviction_manager.go evictPod; the condition from
+        pkg/apis/core/types.go PodReasonTerminationByKubelet)."""
         self.set_pod(name, "Failed", namespace=namespace, reason="Evicted",
-                     message="The node was low on resource: memory.")
+                     message="The node was low on resource: memory.",
+                     conditions=[disruption_target("TerminationByKubelet", "The node was low on resource: memory.", self.now)])
 
-    def _mark_deleted(self, pod: dict) -> None:
-        """Graceful deletion: deletionTimestamp is when the grace ends, not when the delete came
-        (k8s.io/apiserver pkg/registry/rest/delete.go, BeforeDelete)."""
-        grace = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
-        pod["metadata"]["deletionTimestamp"] = format_time(self.now + timedelta(seconds=grace))
-        pod["metadata"]["deletionGracePeriodSeconds"] = grace
+    def preempt(self, name: str, *, namespace: str = "default") -> None:
+        """The scheduler preempts the pod for a higher-priority one: DisruptionTarget PreemptionByScheduler, then a
+        graceful delete (pkg/scheduler/framework/preemption/preemption.go, prepareCandidate)."""
+        self._disrupt(name, namespace, "PreemptionByScheduler", "default-scheduler: preempting to accommodate a "
+                                                                "higher priority pod")
+
+    def evict(self, name: str, *, namespace: str = "default") -> None:
+        """An eviction through the Eviction API (kubectl drain): DisruptionTarget EvictionByEvictionAPI, then a
+        graceful delete (pkg/registry/core/pod/storage/eviction.go, addConditionAndDeletePod)."""
+        self._disrupt(name, namespace, "EvictionByEvictionAPI", "Eviction API: evicting")
+
+    def _disrupt(self, name: str, namespace: str, reason: str, message: str) -> None:
+        ref = ObjectRef("v1", "Pod", namespace, name)
+        self.objects[ref]["status"].setdefault("conditions", []).append(disruption_target(reason, message, self.now))
+        self._delete(ref, None)
+
+    def remove_finalizer(self, name: str, finalizer: str, *, kind: str = "Pod", namespace: str = "default") -> None:
+        """The controller that put `finalizer` on the object takes it off (a patch; the object goes if it was
+        marked for deletion and nothing else holds it)."""
+        ref = next(r for r in self.objects if (r.kind, r.namespace, r.name) == (kind, namespace, name))
+        meta = self.objects[ref]["metadata"]
+        meta["finalizers"] = [f for f in meta.get("finalizers") or () if f != finalizer]
+        self._stamp(self.objects[ref])
+        self._finalized(ref)
+
+    def kubelet_confirms(self) -> list[str]:
+        """Each kubelet still reachable finishes stopping the pods marked for deletion on its node (the trainer
+        exited within its grace) and confirms with a delete of grace 0 (pkg/kubelet/status/status_manager.go,
+        canBeDeleted then Delete with GracePeriodSeconds 0); a lost node's pods stay. Returns the pods gone."""
+        marked = [ref for ref, obj in sorted(self.objects.items()) if ref.kind == "Pod"
+                  and obj["metadata"].get("deletionTimestamp") and obj["spec"].get("nodeName") not in self.lost_nodes]
+        for ref in marked:
+            self._delete(ref, 0)
+        return [ref.name for ref in marked if ref not in self.objects]
 
     def _pending(self, name: str, namespace: str, conditions: list[dict], **status: Any) -> dict:
         pod = self.objects[ObjectRef("v1", "Pod", namespace, name)]
@@ -357,18 +544,36 @@ class FakeCluster:
         self._waiting(name, namespace, node, "ContainerCreating", None)
 
     def lose_node(self, node: str, *, namespace: str = "default") -> None:
-        """A node goes unreachable: the taint manager deletes its pods (DisruptionTarget DeletionByTaintManager,
-        pkg/controller/tainteviction/taint_eviction.go), and with no kubelet to confirm they stay Terminating;
-        only PodGC, once the Node is gone, would remove them (pkg/controller/podgc/gc_controller.go)."""
-        for pod in self.pods(namespace).values():
-            if pod["spec"].get("nodeName") == node and not pod["metadata"].get("deletionTimestamp"):
-                pod["status"].setdefault("conditions", []).append(
-                    {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
-                     "message": "Taint manager: deleting due to NoExecute taint",
-                     "lastTransitionTime": format_time(self.now)})
-                self._mark_deleted(pod)
+        """A node goes unreachable; once its pods' toleration of the unreachable taint is over (300 s by default,
+        DefaultTolerationSeconds), the taint manager deletes them: DisruptionTarget DeletionByTaintManager, a
+        graceful delete (pkg/controller/tainteviction/taint_eviction.go, addConditionAndDeletePod). With no kubelet
+        to confirm, they stay Terminating for good, Ready=False (the node lifecycle controller, MarkPodsNotReady),
+        until `delete_node` or `out_of_service` lets PodGC remove them."""
+        self.lost_nodes.add(node)
+        for ref, pod in sorted(self.objects.items()):
+            if ref.kind == "Pod" and ref.namespace == namespace and pod["spec"].get("nodeName") == node \
+                    and not pod["metadata"].get("deletionTimestamp"):
+                conditions = [c for c in pod["status"].get("conditions") or () if c.get("type") != "Ready"]
+                pod["status"]["conditions"] = [*conditions, {"type": "Ready", "status": "False"}, disruption_target(
+                    "DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint", self.now)]
+                self._delete(ref, None)
 
-    def forget_pending_deletions(self) -> None:
-        """The kubelet finished stopping every pod marked for deletion."""
-        for ref in [r for r, o in self.objects.items() if o["metadata"].get("deletionTimestamp")]:
-            del self.objects[ref]
+    def delete_node(self, node: str) -> None:
+        """The Node object is deleted: PodGC force-deletes its pods (gc_controller.go gcOrphaned)."""
+        self._pod_gc(node)
+
+    def out_of_service(self, node: str) -> None:
+        """An admin taints the node node.kubernetes.io/out-of-service: PodGC force-deletes its Terminating pods
+        (gc_controller.go gcTerminating)."""
+        self._pod_gc(node)
+
+    def _pod_gc(self, node: str) -> None:
+        """PodGC marks each pod Failed with DisruptionTarget DeletionByPodGC and deletes it with grace 0
+        (pkg/controller/podgc/gc_controller.go, markFailedAndDeletePodWithCondition); a finalizer still holds it."""
+        self.lost_nodes.discard(node)
+        for ref, pod in sorted(self.objects.items()):
+            if ref.kind == "Pod" and pod["spec"].get("nodeName") == node:
+                pod["status"]["phase"] = "Failed"
+                pod["status"].setdefault("conditions", []).append(
+                    disruption_target("DeletionByPodGC", "PodGC: node no longer exists", self.now))
+                self._delete(ref, 0)

@@ -27,7 +27,7 @@ class Fault:
 
 
 class FaultyCluster:
-    CALLS = ("get_job", "list_children", "list_objects", "create", "delete", "patch", "patch_status", "post_event")
+    CALLS = ("get_job", "get", "list_children", "list_objects", "create", "delete", "patch", "patch_status", "post_event")
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -72,6 +72,9 @@ class FaultyCluster:
     def get_job(self, namespace, name):
         return self._do("get_job", None, namespace, name)
 
+    def get(self, ref):
+        return self._do("get", ref.kind, ref)
+
     def list_children(self, api_version, kind, namespace, job_name):
         return self._do("list_children", kind, api_version, kind, namespace, job_name)
 
@@ -87,8 +90,8 @@ class FaultyCluster:
     def patch(self, ref, body):
         return self._do("patch", ref.kind, ref, body)
 
-    def patch_status(self, namespace, name, patch):
-        return self._do("patch_status", None, namespace, name, patch)
+    def patch_status(self, namespace, name, patch, resource_version=None):
+        return self._do("patch_status", None, namespace, name, patch, resource_version)
 
     def post_event(self, job, event):
         # Best effort, as the real client: an event the API server refuses is logged and lost, never raised.

@@ -24,7 +24,7 @@ LOCAL_MINIMAL = EXAMPLES[0].with_name("local-minimal.yaml")
 GPU_7B = EXAMPLES[0].with_name("gpu-7b-fsdp.yaml")
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
 # Fields the API server adds to what the operator sent.
-SERVER_FIELDS = ("uid", "generation", "creationTimestamp")
+SERVER_FIELDS = ("uid", "generation", "resourceVersion", "creationTimestamp")
 
 
 def run_cli(capsys, *argv):

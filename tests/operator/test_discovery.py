@@ -6,9 +6,9 @@ import pytest
 from fake_cluster import FakeCluster
 from test_reconcile import NS, T0, condition, manifest
 
-from brain_operator.discovery import OPTIONAL, PYTORCHJOB, ServedApis
+from brain_operator.discovery import OPTIONAL, PYTORCHJOB, ServedApis, verb
 from brain_operator.reconcile import reconcile
-from brain_operator.schedulers import COSCHEDULING_POD_GROUP, VOLCANO_POD_GROUP
+from brain_operator.schedulers import COSCHEDULING_POD_GROUP, VOLCANO_POD_GROUP, WORKLOAD
 
 V1ALPHA3 = ("scheduling.k8s.io/v1alpha3", "PodGroup")
 
@@ -71,3 +71,25 @@ def test_a_pytorchjob_on_a_cluster_without_kubeflow_says_what_to_install():
     cluster.apply_job(manifest(backend="pytorchjob"))
     message = condition(step(cluster), "Valid")["message"]
     assert message.startswith("spec.backend: pytorchjob needs kubeflow.org/v1 PyTorchJob") and "Kubeflow" in message
+
+
+@pytest.mark.parametrize("backend", ["elastic", "pytorchjob"])
+def test_a_queued_job_on_a_cluster_without_kueue_fails_with_what_to_do(backend):
+    cluster = FakeCluster(served=[k for k in OPTIONAL if k != WORKLOAD])
+    cluster.apply_job(manifest(backend=backend, scheduling={"queueName": "research"}))
+    status = step(cluster)
+    valid = condition(status, "Valid")
+    assert status["phase"] == "Failed" and valid["reason"] == "BackendUnavailable"
+    assert valid["message"].startswith("spec.scheduling.queueName: research needs kueue.x-k8s.io/v1beta2 Workload")
+    assert "install Kueue" in valid["message"] and "remove spec.scheduling.queueName" in valid["message"]
+    assert cluster.kinds() == [] and warnings(cluster)[0] == ("BackendUnavailable", valid["message"])
+    # Without the queue the same job runs.
+    cluster.apply_job(manifest(backend=backend))
+    assert condition(step(cluster), "Valid")["status"] == "True" and cluster.kinds() != []
+
+
+def test_kueue_workloads_the_operator_may_not_list_name_the_verb():
+    cluster = FakeCluster(forbidden=[WORKLOAD])
+    cluster.apply_job(manifest(scheduling={"queueName": "research"}))
+    message = condition(step(cluster), "Valid")["message"]
+    assert "which the operator may not list in namespace default" in message and verb(WORKLOAD) == "list"

@@ -116,3 +116,18 @@ def test_a_gang_needs_the_elastic_backend():
                 "spec": {"image": "i", "backend": "pytorchjob", "scheduling": {"gang": "volcano"}},
             }
         )
+
+
+@pytest.mark.parametrize(("api_version", "release"), [
+    ("scheduling.k8s.io/v1alpha2", "1.36"), ("scheduling.k8s.io/v1alpha3", "1.37"), ("scheduling.k8s.io/v1beta1", "1.37"),
+])
+def test_the_native_pod_group_fits_each_version_discovery_may_pick(api_version, release):
+    # kubernetes-validate's schemas of each release, generated from upstream's OpenAPI: one shape in all three.
+    from dataclasses import replace
+
+    group = build_pod_group(replace(job("native"), native_pod_group=api_version))
+    assert group["apiVersion"] == api_version and group["spec"] == {"schedulingPolicy": {"gang": {"minCount": 3}}}
+    kubernetes_validate.validate(group, release, strict=True)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate({**group, "spec": {"schedulingPolicy": {"gang": {"minMember": 3}}}}, release,
+                                     strict=True)

@@ -76,9 +76,10 @@ class Signalling(FakeCluster):
         super().__init__()
         self.patched = threading.Event()
 
-    def patch_status(self, namespace, name, patch):
-        super().patch_status(namespace, name, patch)
+    def patch_status(self, namespace, name, patch, resource_version=None):
+        version = super().patch_status(namespace, name, patch, resource_version)
         self.patched.set()
+        return version
 
 
 def test_resync_reconciles_every_known_job_without_events():

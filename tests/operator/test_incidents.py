@@ -148,7 +148,7 @@ def test_one_lost_worker_in_a_5_node_job_charges_1_not_5():
 
 
 def test_a_lost_node_is_a_free_preemption_and_its_peers_exits_follow_it():
-    cluster = FakeCluster(graceful_pod_deletion=True)
+    cluster = FakeCluster()  # deletion is graceful: a lost node's pods stay Terminating
     cluster.now = at(0)
     started(cluster, nodes=5)
     for i in range(5):

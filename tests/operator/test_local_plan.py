@@ -209,3 +209,26 @@ def test_process_env_drops_inherited_launch_variables():
     assert env["PATH"] == "/usr/bin" and env["HOME"] == "/home/u"
     assert "RANK" not in env and "MASTER_PORT" not in env and "TORCHELASTIC_RUN_ID" not in env
     assert env["PET_NNODES"] == "2:2"
+
+
+def test_a_data_claim_without_its_folder_is_unschedulable_as_a_missing_claim_is(tmp_path):
+    from brain_operator.local_plan import missing_claim
+
+    manifest = yaml.safe_load((Path(__file__).parents[2] / "deploy/examples/local-tokens.yaml").read_text())
+    claims = tmp_path / "claims"
+    plan = plan_local(parse_job(manifest, require_image=False), workdir=tmp_path / "work", claims=claims,
+                      rendezvous=tmp_path / "r", metrics_port=41235, python=PYTHON, cpu_count=8)
+    line = missing_claim(plan, Path.is_dir)
+    workers = ", ".join(w.name for w in plan.workers)
+    assert line == (f'Unschedulable: worker pods {workers}: persistentvolumeclaim "stdlib-tokens" not found: no folder '
+                    f"{claims / 'stdlib-tokens'} (spec.data.volume.claimName: stdlib-tokens; braintrain run --claims)")
+    (claims / "stdlib-tokens").mkdir(parents=True)
+    assert missing_claim(plan, Path.is_dir) is None
+
+
+def test_a_worker_whose_agent_cannot_start_is_named_with_the_kubelets_reason(tmp_path):
+    from brain_operator.local_plan import LocalWorker, not_started
+
+    worker = LocalWorker("j-worker-1", ["/no/python", "-m", "x"], {}, [], tmp_path / "t")
+    line = not_started(worker, FileNotFoundError(2, "No such file or directory"))
+    assert line == "RunContainerError: worker pod j-worker-1: /no/python could not be started: No such file or directory"

@@ -13,6 +13,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Optional
 
 import aiohttp.web
@@ -26,6 +27,8 @@ from brain_operator import handlers
 from brain_operator.cluster import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, ObjectRef, Refused
 from brain_operator.names import JOB_NAME_LABEL
 from brain_operator.spec import API_VERSION, PLURAL, OperatorDefaults
+from brain_operator.waiting import STUCK_TERMINATING, TERMINATING_MARGIN_SECONDS
+from brain_trainer.contract import format_time
 
 JOBS = f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}"
 PODS = f"/api/v1/namespaces/{NS}/pods"
@@ -213,6 +216,37 @@ def test_a_worker_failure_under_api_faults_is_counted_and_reported_once(tmp_path
     assert len(events) == 1 and "demo-worker-1" in events[0]["message"]
 
 
+def test_a_worker_stuck_terminating_on_a_lost_node_is_replaced_under_a_new_name(tmp_path, monkeypatch):
+    async def scenario():
+        async with operator(tmp_path, monkeypatch) as (km, _):
+            await set_pod(km, "demo-worker-0", "Running", ready=True)
+            await set_pod(km, "demo-worker-1", "Running", ready=True)
+            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
+            # node-7 is lost: the taint manager deleted the pod, whose grace ended long ago, and no kubelet answers.
+            # The API server keeps such a pod; kmock would drop one marked for deletion at once unless a finalizer
+            # holds it, so one stands in for the kubelet that never confirms.
+            ended = handlers.utc_now() - timedelta(seconds=TERMINATING_MARGIN_SECONDS + 30)
+            response = await km.patch(f"{PODS}/demo-worker-1", headers=MERGE, json={
+                "metadata": {"deletionTimestamp": format_time(ended), "deletionGracePeriodSeconds": 300,
+                             "finalizers": ["test.brain.ai/kubelet-never-confirms"]},
+                "spec": {"nodeName": "node-7"},
+                "status": {"conditions": [{"type": "Ready", "status": "False"}, {
+                    "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+                    "message": "Taint manager: deleting due to NoExecute taint"}]}})
+            assert response.status == 200
+            replacement = await first_event(km, PODS, pod_named("demo-worker-1-1"), timeout=CONVERGED_WITHIN)
+            warning = await first_event(km, f"/api/v1/namespaces/{NS}/events",
+                                        lambda e: e.get("reason") == STUCK_TERMINATING, timeout=CONVERGED_WITHIN)
+            stuck = (await (await km.get(f"{PODS}/demo-worker-1")).json())
+            return replacement, warning, stuck
+
+    replacement, warning, stuck = asyncio.run(scenario())
+    assert replacement["spec"]["hostname"] == "demo-worker-1" and replacement["spec"]["subdomain"] == "demo-workers"
+    assert warning["type"] == "Warning" and "demo-worker-1" in warning["message"] and "node-7" in warning["message"]
+    assert "kubectl delete pod demo-worker-1 --force" in warning["message"]
+    assert stuck["metadata"]["deletionTimestamp"]  # left for PodGC or the admin: never deleted by the operator
+
+
 async def served_client(tmp_path, monkeypatch, km, **options):
     """The real KubernetesClient against `km`, its retry waits recorded on a clock of their own."""
     serve_resources(km, tmp_path, monkeypatch)
@@ -248,11 +282,34 @@ def test_the_client_retries_throttling_and_errors_and_tells_already_exists_from_
             return created, again, waits
 
     created, again, waits = asyncio.run(scenario())
-    assert created is True and again is False  # a second create of the same name is "exists already"
+    # A second create of the same name, ours and not Terminating, is "exists already".
+    assert created["metadata"]["name"] == "cm" and again is None
     # Retry-After is honoured as asked; then jittered exponential waits, within the call's deadline.
     assert waits[0] == 7.0 and 0.2 <= waits[1] <= 0.4 and 0.4 <= waits[2] <= 0.8
     patch_waits = waits[3:]
     assert sum(patch_waits) <= CALL_DEADLINE_SECONDS and max(patch_waits) <= 2.0
+
+
+def test_the_client_takes_already_exists_as_success_only_for_its_own_live_object(tmp_path, monkeypatch):
+    async def scenario():
+        async with FaultyEmulator() as km, kmock.Server(km):
+            client, _ = await served_client(tmp_path, monkeypatch, km)
+            held = {**config_map(), "metadata": {**config_map()["metadata"], "finalizers": ["example.com/hold"]}}
+            await asyncio.to_thread(client.create, held)
+            await asyncio.to_thread(client.delete, ObjectRef("v1", "ConfigMap", NS, "cm"))  # Terminating: held
+            with pytest.raises(Conflict, match="being deleted"):
+                await asyncio.to_thread(client.create, config_map())
+            owned = {**config_map("owned"), "metadata": {**config_map("owned")["metadata"], "ownerReferences": [
+                {"apiVersion": API_VERSION, "kind": "BrainTrainingJob", "name": "j", "uid": "old", "controller": True}]}}
+            await asyncio.to_thread(client.create, owned)
+            again = await asyncio.to_thread(client.create, owned)
+            mine = {**owned, "metadata": {**owned["metadata"], "ownerReferences": [
+                {**owned["metadata"]["ownerReferences"][0], "uid": "new"}]}}
+            with pytest.raises(Conflict, match="another owner"):
+                await asyncio.to_thread(client.create, mine)
+            return again
+
+    assert asyncio.run(scenario()) is None  # the same owner: exists already
 
 
 def test_the_client_reads_a_refused_create_from_the_api_servers_status_and_does_not_retry_it(tmp_path, monkeypatch):

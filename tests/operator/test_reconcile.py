@@ -241,14 +241,19 @@ def test_active_deadline_fails_the_job(cluster):
 
 
 def test_a_terminating_pod_is_counted_once_and_replaced_when_gone():
-    cluster = FakeCluster(graceful_pod_deletion=True)
+    cluster = FakeCluster()
     started(cluster)
+    # Another controller's finalizer keeps the failed pod after its delete (as Kueue's does).
+    ref = next(r for r in cluster.objects if r.name == "j-worker-0")
+    cluster.objects[ref]["metadata"]["finalizers"] = ["example.com/hold"]
     cluster.exit_pod("j-worker-0", 1)
     assert step(cluster)["restarts"] == 1
-    # The old pod still terminates: the create was refused (409), nothing is counted twice.
+    # The old pod still terminates: the create met 409 on a Terminating pod, planned again, and waits for it.
     assert cluster.pods()["j-worker-0"]["metadata"]["deletionTimestamp"]
+    assert ("already_exists", ref) in cluster.writes
     assert step(cluster)["restarts"] == 1
-    cluster.forget_pending_deletions()
+    cluster.remove_finalizer("j-worker-0", "example.com/hold")
+    assert "j-worker-0" not in cluster.pods()
     status = step(cluster)
     assert status["restarts"] == 1 and cluster.pods()["j-worker-0"]["status"]["phase"] == "Pending"
 

@@ -14,6 +14,7 @@ from brain_operator import handlers
 from brain_operator.reconcile import deletion_events
 from brain_operator.schedulers import ADMISSION_GATE, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL
 from brain_operator.spec import KIND, OperatorDefaults
+from brain_operator.waiting import TERMINATING_MARGIN_SECONDS
 
 TEMPLATE = {"volumeClaimTemplate": {"accessModes": ["ReadWriteMany"], "storage": "5Gi"}}
 
@@ -41,7 +42,9 @@ def test_a_retained_claim_outlives_its_job_and_a_recreated_job_resumes_from_it()
     kept = claim(cluster)
     assert "ownerReferences" not in kept["metadata"] and kept["metadata"]["labels"]["brain.ai/job-name"] == "j"
     gone = cluster.delete_job("j")
-    # The garbage collector takes the pods, Service and ConfigMap; the claim stays.
+    # The garbage collector takes the pods, Service and ConfigMap, some time later; the claim stays.
+    assert "Pod" in cluster.kinds()
+    cluster.collect_garbage()
     assert cluster.kinds() == ["PersistentVolumeClaim"]
     (event,) = deletion_events(gone)
     assert event.reason == "CheckpointClaimKept" and "j-checkpoints" in event.message
@@ -62,6 +65,7 @@ def test_reclaim_policy_delete_hands_the_claim_to_the_garbage_collector():
     step(cluster)
     assert claim(cluster)["metadata"]["ownerReferences"][0]["kind"] == KIND
     gone = cluster.delete_job("j")
+    cluster.collect_garbage()
     assert cluster.kinds() == [] and deletion_events(gone) == []
 
 
@@ -160,11 +164,15 @@ def test_elastic_workers_form_a_kueue_pod_group_that_kueue_alone_gates():
     cluster.admit()
     cluster.run_all()
     assert step(cluster)["phase"] == "Running"
-    # A replaced worker rejoins its group: same name, label and count; Kueue gates it, we never touch the gate.
+    # A replaced worker rejoins its group: same label and count; Kueue gates it, we never touch the gate. Kueue's
+    # finalizer holds the failed pod (Terminating) until a replacement exists: once it is past its grace, the
+    # replacement takes a new name, with the old one's hostname.
     cluster.exit_pod("j-worker-1", 1)
     status = step(cluster)
-    assert status["phase"] == "Restarting"
-    fresh = cluster.pods()["j-worker-1"]
+    assert status["phase"] == "Restarting" and cluster.pods()["j-worker-1"]["metadata"]["deletionTimestamp"]
+    step(cluster, T0 + timedelta(seconds=TERMINATING_MARGIN_SECONDS))
+    fresh = cluster.pods()["j-worker-1-1"]
+    assert fresh["spec"]["hostname"] == "j-worker-1"
     assert fresh["metadata"]["labels"][POD_GROUP_LABEL] == "j"
     assert fresh["metadata"]["annotations"][POD_GROUP_COUNT_ANNOTATION] == "2"
     assert fresh["spec"]["schedulingGates"] == [{"name": ADMISSION_GATE}]
@@ -183,6 +191,8 @@ def test_resizing_a_kueue_pod_group_replaces_every_worker_with_the_new_count():
     status = step(cluster)
     # Kueue fixes a group's size at admission: the old members go (not as failures) and come back as a group of 3.
     assert status["restarts"] == 0
+    for name in ("j-worker-0", "j-worker-1"):  # Kueue lets the old group's members go
+        cluster.remove_finalizer(name, "kueue.x-k8s.io/managed")
     step(cluster)
     counts = {name: pod["metadata"]["annotations"][POD_GROUP_COUNT_ANNOTATION] for name, pod in cluster.pods().items()}
     assert counts == {"j-worker-0": "3", "j-worker-1": "3", "j-worker-2": "3"}

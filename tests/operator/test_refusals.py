@@ -191,12 +191,13 @@ class Observing(FakeCluster):
         self.failed = {}
         self.due_failed = threading.Event()
 
-    def patch_status(self, namespace, name, patch):
-        super().patch_status(namespace, name, patch)
+    def patch_status(self, namespace, name, patch, resource_version=None):
+        version = super().patch_status(namespace, name, patch, resource_version)
         if patch.get("phase") == "Failed":
             self.failed[name] = not self.trickle.over.is_set()
             if name == "due":
                 self.due_failed.set()
+        return version
 
 
 def test_a_trickling_worker_cannot_delay_another_jobs_deadline():

@@ -167,3 +167,62 @@ def test_a_suspended_span_does_not_count_against_the_deadline():
     assert status["phase"] == "Pending" and status["startTime"] == "2026-11-22T14:00:00Z"
     assert step(cluster, resumed + timedelta(seconds=599))["phase"] == "Pending"
     assert step(cluster, resumed + timedelta(seconds=600))["phase"] == "Failed"
+
+
+def kubeflow_pod(cluster, role, index):
+    """A pod as the training operator makes it from the PyTorchJob: the template's labels (ours) and its own
+    (kubeflow/common constants.go; kubeflow-training's constants)."""
+    from kubeflow.training.constants import constants as kubeflow
+
+    pytorchjob = next(o for r, o in cluster.objects.items() if r.kind == "PyTorchJob")
+    template = pytorchjob["spec"]["pytorchReplicaSpecs"][role]["template"]
+    name = f"{pytorchjob['metadata']['name']}-{role.lower()}-{index}"
+    labels = {**template["metadata"]["labels"], kubeflow.JOB_NAME_LABEL: pytorchjob["metadata"]["name"],
+              kubeflow.REPLICA_TYPE_LABEL: role.lower(), kubeflow.REPLICA_INDEX_LABEL: str(index)}
+    cluster.put({"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "labels": labels,
+                              "creationTimestamp": "2026-11-22T12:00:00Z"},
+                 "spec": template["spec"], "status": {"phase": "Pending"}})
+    return name
+
+
+@pytest.mark.parametrize("case", ["unschedulable", "image pull back-off", "missing secret"])
+def test_the_pods_kubeflow_makes_for_a_pytorchjob_say_why_it_waits(case):
+    do, reason, words = CASES[case]
+    cluster = FakeCluster()
+    cluster.apply_job(manifest(backend="pytorchjob"))
+    assert step(cluster)["phase"] == "Pending"
+    pods = [kubeflow_pod(cluster, "Master", 0), kubeflow_pod(cluster, "Worker", 0)]
+    for pod in pods:
+        do(cluster, pod)
+    status = step(cluster, T0 + timedelta(seconds=5))
+    ready, pending = condition(status, "WorkersReady"), condition(status, "Pending")
+    assert ready["status"] == "False" and ready["reason"] == reason and status["reason"] == reason
+    assert ready["message"].startswith(f"worker pods {', '.join(sorted(pods))}: ") and words in ready["message"]
+    assert (pending["status"], pending["reason"], pending["message"]) == ("True", reason, ready["message"])
+    assert warnings(cluster) == [(reason, ready["message"])]
+    assert step(cluster, T0 + timedelta(seconds=60)) == status and len(warnings(cluster)) == 1
+    # Kubeflow runs them: the wait is over, and so is its reason.
+    for pod in pods:
+        cluster.set_pod(pod, "Running", ready=True)
+    ref = next(r for r in cluster.objects if r.kind == "PyTorchJob")
+    cluster.objects[ref]["status"] = {
+        "conditions": [{"type": "Running", "status": "True", "reason": "PyTorchJobRunning",
+                        "lastTransitionTime": "2026-11-22T12:01:00Z"}],
+        "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 1}},
+    }
+    status = step(cluster, T0 + timedelta(seconds=90))
+    assert status["phase"] == "Running" and "reason" not in status
+    assert condition(status, "WorkersReady")["status"] == "True"
+
+
+def test_a_pod_of_another_pytorchjob_is_not_this_jobs_wait():
+    cluster = FakeCluster()
+    cluster.apply_job(manifest(backend="pytorchjob"))
+    step(cluster)
+    pod = kubeflow_pod(cluster, "Worker", 0)
+    cluster.objects[next(r for r in cluster.objects if r.name == pod)]["metadata"]["labels"][
+        "training.kubeflow.org/job-name"] = "someone-else"
+    cluster.unschedulable(pod, FIT_ERROR)
+    status = step(cluster, T0 + timedelta(seconds=5))
+    assert "reason" not in status and condition(status, "Pending")["reason"] == "PyTorchJobPending"

@@ -11,6 +11,7 @@ from test_reconcile import NS, T0
 from test_reconcile import manifest as reconcile_manifest
 
 from brain_operator.children import WATCHED_KINDS, observed_child
+from brain_operator.cluster import controller_uid
 from brain_operator.reconcile import plan, reconcile, watched_kinds
 from brain_operator.render import render
 from brain_operator.spec import parse_job
@@ -102,4 +103,6 @@ def test_an_observed_pod_keeps_what_the_plan_reads_and_drops_the_rest():
                               "conditions": [scheduled, {"type": "Ready", "status": "True"}]}
     assert kept["spec"] == {"nodeName": "node-1"} and "managedFields" not in kept["metadata"]
     assert kept["metadata"]["uid"] == pod["metadata"]["uid"]
-    assert len(repr(kept)) * 4 < len(repr(pod))
+    # Whose child it is: the controller's uid (issue 21: children count only when it is their job's).
+    assert controller_uid(kept) == controller_uid(pod) == cluster.get_job(NS, "j")["metadata"]["uid"]
+    assert len(repr(kept)) * 3 < len(repr(pod))

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from brain_operator import crd
 from brain_operator.spec import ConfigError, parse_job
@@ -19,10 +18,9 @@ from brain_trainer.config import TrainerConfig, kubeyaml
 from brain_trainer.config.presets import preset_config
 from brain_trainer.loop.train import train
 from brain_trainer.model.brain_ai import BrainAI
-from brain_trainer.parallel.blocks import apply_block_options, block_names
+from brain_trainer.parallel.blocks import block_names
+from test_blocks import SMALL, STEPS, losses  # the plain model's losses, and with blocks checkpointed or compiled
 
-SMALL = dict(d_model=32, ngram_buckets=512, reasoning_blocks=2, max_seq_len=64)
-STEPS = 2
 
 
 @pytest.mark.parametrize(("value", "on_cuda", "on_cpu"), [("auto", True, False), (True, True, True), (False, False, False)])
@@ -81,28 +79,11 @@ def failing_backend(graph_module, example_inputs):
     raise RuntimeError("no C++ compiler on this machine")
 
 
-def losses(backend) -> list[float]:
-    torch.manual_seed(0)
-    model = BrainAI(preset_config("minimal", **SMALL))
-    apply_block_options(model, (), backend)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    tokens = torch.randint(0, 256, (STEPS, 2, 17), generator=torch.Generator().manual_seed(1))
-    out = []
-    for batch in tokens:
-        logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        out.append(loss.item())
-    return out
-
-
 def test_a_compile_that_fails_trains_eager_with_one_warning_line(caplog):
     torch._dynamo.reset()
-    plain = losses(None)
+    plain = losses("none")
     with caplog.at_level(logging.WARNING, logger="brain_trainer.parallel.blocks"):
-        fell_back = losses(failing_backend)
+        fell_back = losses("none", backend=failing_backend)
     assert fell_back == plain, "every block back on its eager forward: the plain model's losses, bitwise"
     (warning,) = [r.getMessage() for r in caplog.records]
     first_block = block_names(BrainAI(preset_config("minimal", **SMALL)))[0]

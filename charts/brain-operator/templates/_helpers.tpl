@@ -110,30 +110,31 @@ holds the same list, derived from what brain_operator calls; a test keeps the tw
 - apiGroups: ["brain.ai"]
   resources: ["braintrainingjobs/finalizers"]
   verbs: ["update"]
-# Worker pods: created, watched for status, deleted on suspend, scale-down or retry.
+# Worker pods: created, watched for status, deleted on suspend, scale-down or retry;
+# read when a create meets AlreadyExists (ours and alive?) and when the watch shows one Terminating.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 # Per-job children (headless Service, trainer.yaml ConfigMap, checkpoint claim):
 # watched (a child deleted by hand comes back at once), recreated when missing,
 # garbage-collected through owner references (a retained checkpoint claim is
-# not: it outlives the job).
+# not: it outlives the job). Each kind created is read when a create meets AlreadyExists.
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
-  verbs: ["list", "watch", "create"]
+  verbs: ["get", "list", "watch", "create"]
 # Each job's NetworkPolicy (who may connect to its workers): watched, recreated when
 # missing, garbage-collected with the job.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["list", "watch", "create"]
+  verbs: ["get", "list", "watch", "create"]
 # trainer.yaml: patched when a propagated spec field changes.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # Gang scheduling (spec.scheduling.gang): one PodGroup per job, owned by it, watched like the other children.
 - apiGroups: ["scheduling.k8s.io", "scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]
-  verbs: ["list", "watch", "create"]
+  verbs: ["get", "list", "watch", "create"]
 # Kueue's reason for holding a queued job back, read from its Workload.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
@@ -146,7 +147,7 @@ holds the same list, derived from what brain_operator calls; a test keeps the tw
 # backend: pytorchjob hands the workers to the Kubeflow training operator.
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
-  verbs: ["list", "create", "patch"]
+  verbs: ["get", "list", "create", "patch"]
 {{- end }}
 {{- end }}
 

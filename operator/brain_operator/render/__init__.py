@@ -19,7 +19,7 @@ from ..schedulers import QUEUE_LABEL
 from .common import build_checkpoint_claim, build_config_map, config_hash, selector, selector_labels
 from .elastic import build_service, build_worker_pod, render_elastic
 from .gangs import build_pod_group
-from .pytorchjob import build_pytorchjob, render_pytorchjob
+from .pytorchjob import KUBEFLOW_JOB_NAME_LABEL, build_pytorchjob, render_pytorchjob
 from .workers import CONFIG_PATH, checkpoint_claim_name, elastic_worker, elastic_workers
 
 _RENDERERS = {"elastic": render_elastic, "pytorchjob": render_pytorchjob}
@@ -31,6 +31,7 @@ def render(job: Job) -> list[dict[str, Any]]:
 
 
 __all__ = [
+    "KUBEFLOW_JOB_NAME_LABEL",
     "CONFIG_PATH",
     "JOB_NAME_LABEL",
     "QUEUE_LABEL",

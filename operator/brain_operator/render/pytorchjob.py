@@ -30,6 +30,10 @@ from .workers import rendezvous_timeouts, trainer_container
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
 CONTAINER_NAME = PYTORCHJOB_CONTAINER
+# The label the training operator puts on each pod it makes for a PyTorchJob, the job's name as its value
+# (kubeflow/common pkg/apis/common/v1/constants.go JobNameLabel; kubeflow-training's constants.JOB_NAME_LABEL).
+# Its pods carry our job labels too (the template's), so the operator's pod watch already sees them.
+KUBEFLOW_JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 # The training operator restarts failed pods in place and counts them against runPolicy.backoffLimit.
 RESTART_POLICY = "OnFailure"
 
