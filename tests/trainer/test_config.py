@@ -86,7 +86,7 @@ def test_distributed_presets_and_backend():
     assert DistributedConfig.preset("7b").fsdp_sharding == "full_shard"
     assert DistributedConfig.preset("3b").fsdp_sharding == "shard_grad_op"
     with pytest.raises(ConfigError, match="model.preset"):
-        DistributedConfig.preset("13b")
+        DistributedConfig.preset("400b")
     assert DistributedConfig().resolved_backend(cuda_available=True) == "nccl"
     assert DistributedConfig().resolved_backend(cuda_available=False) == "gloo"
     assert DistributedConfig(backend="gloo").resolved_backend(cuda_available=True) == "gloo"

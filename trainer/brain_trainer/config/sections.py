@@ -171,7 +171,7 @@ class DistributedConfig:
 
     @classmethod
     def preset(cls, scale: str) -> "DistributedConfig":
-        """The recommended settings for a model scale (minimal, 1b, 3b, 7b)."""
+        """The recommended settings for a model scale (minimal, 1b, 3b, 7b, 13b, 70b)."""
         if scale not in DISTRIBUTED_PRESETS:
             raise ConfigError([FieldError("model.preset", f"must be one of {', '.join(PRESETS)}; got {quoted(scale)}")])
         return replace(DISTRIBUTED_PRESETS[scale])
@@ -206,6 +206,8 @@ DISTRIBUTED_PRESETS: dict[str, DistributedConfig] = {
         "1b": {"strategy": "ddp", "mixed_precision_policy": "bf16"},
         "3b": {"strategy": "fsdp", "fsdp_sharding": "shard_grad_op", "mixed_precision_policy": "bf16"},
         "7b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": "full"},
+        "13b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": "full"},
+        "70b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": "full"},
     }.items()
 }
 

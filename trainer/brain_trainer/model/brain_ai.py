@@ -408,7 +408,7 @@ class BrainAI(nn.Module):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "BrainAI":
-        """Build a preset (minimal, 1b, 3b, 7b), optionally with fields of BrainAIConfig overridden."""
+        """Build a preset (minimal, 1b, 3b, 7b, 13b, 70b), optionally with fields of BrainAIConfig overridden."""
         return cls(preset_config(name, **overrides))
 
     @torch.no_grad()
