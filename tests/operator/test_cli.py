@@ -385,3 +385,21 @@ def test_run_refuses_what_only_the_operator_honours_in_one_line(policy, line, tm
     path.write_text(yaml.safe_dump(job))
     code, out, err = run_cli(capsys, "run", path, "--workdir", tmp_path / "work", "--claims", tmp_path / "claims")
     assert (code, out, err) == (1, "", line + "\n") and not (tmp_path / "work").exists()
+
+
+def test_estimate_plans_tensor_parallel_70b_on_8_nodes(tmp_path, capsys):
+    data = yaml.safe_load(GPU_7B.read_text())
+    data["spec"]["model"]["preset"] = "70b"
+    data["spec"]["nodes"] = 8
+    data["spec"]["training"]["microBatchSize"] = 1  # 1 x 8 data-parallel ranks x 64 accumulation = 512
+    data["spec"]["distributed"]["tensorParallel"] = 8
+    data["spec"]["checkpoint"]["volumeClaimTemplate"]["storage"] = "4Ti"
+    path = tmp_path / "70b.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli(capsys, "estimate", path)
+    assert code == 0, err
+    picked = out.split("strategy: auto picks ")[1]
+    assert picked.startswith("fsdp full_shard + full activation checkpointing\n"
+                             "fsdp full_shard + full activation checkpointing (tensor parallel 8) on 64 rank(s), per rank:")
+    tried = out.split("cheapest first (device GiB per rank):\n")[1].split("\n\n")[0].splitlines()
+    assert tried and all(line.startswith("  fsdp ") for line in tried), "tensor parallelism composes with fsdp only"

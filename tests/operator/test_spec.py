@@ -192,7 +192,7 @@ BAD = [
     ("unknown top-level field", lambda m: m.update(extra=1), "extra", "unknown field"),
     ("bad backend", lambda m: _set(m["spec"], "backend", "slurm"), "spec.backend", "'slurm'"),
     ("bad pull policy", lambda m: _set(m["spec"], "imagePullPolicy", "Sometimes"), "spec.imagePullPolicy", "'Sometimes'"),
-    ("bad preset", lambda m: _set(m["spec"], "model.preset", "13b"), "spec.model.preset", "'13b'"),
+    ("bad preset", lambda m: _set(m["spec"], "model.preset", "400b"), "spec.model.preset", "'400b'"),
     ("bad entrypoint", lambda m: _set(m["spec"], "model.entrypoint", "not a path"), "spec.model.entrypoint", "'not a path'"),
     ("bad precision", lambda m: _set(m["spec"], "distributed.mixedPrecisionPolicy", "fp8"), "spec.distributed.mixedPrecisionPolicy", "'fp8'"),
     ("bad strategy", lambda m: _set(m["spec"], "distributed.strategy", "zero3"), "spec.distributed.strategy", "'zero3'"),

@@ -71,7 +71,7 @@ def test_accumulation_derived_from_global_batch():
     cfg = TrainerConfig.from_dict({"training": {"micro_batch_size": 4, "global_batch_size": 32}})
     assert cfg.accumulation_steps(world_size=2) == 4
     assert cfg.effective_batch_size(world_size=2) == 32
-    with pytest.raises(ConfigError, match="multiple of micro_batch_size x world size \\(12\\)"):
+    with pytest.raises(ConfigError, match="multiple of micro_batch_size x data-parallel ranks \\(12\\)"):
         cfg.accumulation_steps(world_size=3)
 
 
@@ -86,7 +86,7 @@ def test_distributed_presets_and_backend():
     assert DistributedConfig.preset("7b").fsdp_sharding == "full_shard"
     assert DistributedConfig.preset("3b").fsdp_sharding == "shard_grad_op"
     with pytest.raises(ConfigError, match="model.preset"):
-        DistributedConfig.preset("13b")
+        DistributedConfig.preset("400b")
     assert DistributedConfig().resolved_backend(cuda_available=True) == "nccl"
     assert DistributedConfig().resolved_backend(cuda_available=False) == "gloo"
     assert DistributedConfig(backend="gloo").resolved_backend(cuda_available=True) == "gloo"

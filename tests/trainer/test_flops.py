@@ -49,7 +49,7 @@ def test_the_meta_count_is_a_real_steps_count():
     tokens = torch.randint(0, 256, (3, 64))
     with sdpa_kernel(SDPBackend.MATH):
         real = count_training_flops(model, tokens, loss_fn)
-    assert model.reasoning.blocks[0].qkv.weight.grad is not None  # the backward ran
+    assert model.reasoning.blocks[0].q.weight.grad is not None  # the backward ran
     assert real == 3 * 64 * counted_flops_per_token(ModelConfig(preset="minimal"), 64, loss_fn)
 
 

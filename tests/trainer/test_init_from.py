@@ -34,11 +34,12 @@ FULL_SHARD = {"strategy": "fsdp", "fsdp_sharding": "full_shard"}
 STEPS_A = 2
 
 
-def job(checkpoint_dir: str | None, steps: int = 1, init_from: str | None = None) -> TrainerConfig:
+def job(checkpoint_dir: str | None, steps: int = 1, init_from: str | None = None,
+        distributed: dict = FULL_SHARD) -> TrainerConfig:
     return TrainerConfig.from_dict({
         "model": {"preset": "minimal", **({"init_from": init_from} if init_from else {})},
         "training": {"steps": steps, "micro_batch_size": 2, "seq_len": 16, "warmup_steps": 0, "log_interval": 1},
-        "distributed": FULL_SHARD,
+        "distributed": distributed,
         "data": {"source": "synthetic", "num_samples": 64},
         "checkpoint": {"dir": checkpoint_dir, "interval_steps": 0} if checkpoint_dir else {"enabled": False},
         "metrics": {"port": 0},
@@ -63,6 +64,16 @@ def start_from(rank: int, world_size: int, sources: dict[str, str], job_b: str) 
         _, model, _ = build_and_wrap(cfg, cfg.distributed, rank, world_size, torch.device("cpu"))
         out[name] = digests(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
     out["steps_of_b"] = train(job(job_b, init_from=sources["checkpoint"])).step
+    return out if rank == 0 else None
+
+
+def start_tp_from(rank: int, world_size: int, sources: dict[str, str]) -> dict | None:
+    """The weights at step 0 of a tp2 x dp2 job starting from each source (rowwise weights: column boxes)."""
+    out = {}
+    for name, path in sources.items():
+        cfg = job(None, init_from=path, distributed={**FULL_SHARD, "tensor_parallel": 2}).resolved()
+        _, model, _ = build_and_wrap(cfg, cfg.distributed, rank, world_size, torch.device("cpu"))
+        out[name] = digests(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
     return out if rank == 0 else None
 
 
@@ -109,6 +120,14 @@ def test_export_then_start_from_it_at_3_ranks(job_a, tmp_path):
     origin = store.read_manifest(job_a)
     assert manifest["init_from"] == {"path": str(job_a), "step": STEPS_A, "config_hash": origin["config_hash"]}
     assert manifest["model"] == {"preset": "minimal", "init_from": str(job_a)} and manifest["world_size"] == 3
+
+
+def test_a_tensor_parallel_job_starts_from_exported_weights_and_a_checkpoint(job_a, tmp_path):
+    single = tmp_path / "single"
+    assert exporter.main([str(job_a), str(single)]) == 0
+    out = run_ranks(start_tp_from, 4, {"safetensors": str(single), "checkpoint": str(job_a)})[0]
+    expected = digests(shards.load_prefix(job_a, "model"))
+    assert out["safetensors"] == expected and out["checkpoint"] == expected
 
 
 def test_export_refuses_a_non_empty_target_and_leaves_nothing_complete_after_a_failure(job_a, tmp_path, monkeypatch,

@@ -23,7 +23,7 @@ from brain_trainer.parallel.memory import (
     resolve_distributed,
     strategy_ladder,
 )
-from brain_trainer.config.presets import MODEL_PRESETS, param_count, wrap_unit_params
+from brain_trainer.config.presets import MODEL_PRESETS, param_count, split_block_params, wrap_unit_params
 
 GB = 10**9
 MINIMAL = MODEL_PRESETS["minimal"]
@@ -236,3 +236,58 @@ def test_host_memory_counts_the_staging_copy_of_what_each_rank_holds():
     on_cpu = plan_host_memory("minimal", plan_memory("minimal", "ddp", world_size=2), accelerator=False)
     assert on_cpu.training_states > 0 and on_cpu.process < host.process
     assert host.pod_request >= host.total * 8 and host.pod_request % GIB == 0
+
+
+def test_tensor_parallel_divides_the_split_blocks_states_by_tp():
+    """70b, bf16, full checkpointing on 8 nodes x 8 GPUs: tp8 x dp8 holds an eighth of the split blocks, then
+    FSDP2 shards that over the 8 data-parallel ranks; the replicated rest is sharded over dp only."""
+    cfg = MODEL_PRESETS["70b"]
+    shape = dict(precision="bf16", micro_batch_size=1, seq_len=4096, world_size=64, activation_checkpointing="full")
+    held = wrap_unit_params(cfg, 8)
+    split = split_block_params(cfg)
+    replicated = param_count(cfg) - cfg.reasoning_blocks * split["reasoning"] - cfg.decision_blocks * split["decision"]
+    assert sum(held) == replicated + (cfg.reasoning_blocks * split["reasoning"] + cfg.decision_blocks * split["decision"]) // 8
+    tp = plan_memory("70b", "fsdp", tensor_parallel=8, **shape)
+    assert tp.shard_size == 8 and tp.tensor_parallel == 8
+    assert (tp.parameters, tp.gradients, tp.optimizer_state) == (
+        2 * sum(held) // 8 + 2 * 2 * max(held), 2 * sum(held) // 8 + 2 * max(held), 12 * sum(held) // 8)
+    dp = plan_memory("70b", "fsdp", **shape)
+    assert tp.activations == dp.activations  # not divided: no sequence parallelism yet
+    assert tp.fits(80 * GB)
+    hybrid = plan_memory("70b", "fsdp", fsdp_sharding="hybrid_shard", node_size=8, tensor_parallel=8, **shape)
+    assert hybrid.shard_size == 1 and hybrid.optimizer_state == 12 * sum(held)  # a node is one tp group: no dp shard
+    assert "(tensor parallel 8)" in tp.summary()
+    assert all(option.strategy == "fsdp" for option in strategy_ladder(64, tensor_parallel=8))
+
+
+def test_split_parameters_are_the_blocks_colwise_and_rowwise_linears():
+    import torch
+    from brain_trainer.model.brain_ai import BrainAI, Block
+    cfg = replace(MINIMAL, d_model=96, n_heads=4, reasoning_blocks=3, decision_blocks=2)
+    with torch.device("meta"):
+        model = BrainAI(cfg)
+    found: dict[str, set[int]] = {}
+    for name, block in model.named_modules():
+        if isinstance(block, Block) and (block.COLWISE or block.ROWWISE):
+            modules = dict(block.named_modules())
+            count = sum(p.numel() for n in (*block.COLWISE, *block.ROWWISE) for p in modules[n].parameters())
+            found.setdefault(name.split(".")[0], set()).add(count)
+    assert found == {stack: {count} for stack, count in split_block_params(cfg).items()}
+
+
+def test_bad_tensor_parallel_plans_name_the_field():
+    with pytest.raises(ConfigError) as exc:
+        plan_memory("7b", "fsdp", world_size=12, tensor_parallel=8)
+    assert [str(e) for e in exc.value.errors] == ["distributed.tensor_parallel: 8 does not divide the world size 12"]
+    with pytest.raises(ConfigError) as exc:
+        plan_memory("7b", "ddp", world_size=8, tensor_parallel=2)
+    assert [str(e) for e in exc.value.errors] == ["distributed.tensor_parallel: 2 needs strategy fsdp, got ddp"]
+
+
+def test_auto_under_tensor_parallelism_walks_the_fsdp_ladder():
+    job = {"model": {"preset": "70b"}, "training": {"micro_batch_size": 1, "seq_len": 4096},
+           "distributed": {"strategy": "auto", "tensor_parallel": 8, "mixed_precision_policy": "bf16"}}
+    cfg = TrainerConfig.from_dict(job)
+    gpu = resolve_distributed(cfg, 64, 80 * GB)
+    assert (gpu.strategy, gpu.fsdp_sharding, gpu.activation_checkpointing) == ("fsdp", "full_shard", "full")
+    assert resolve_distributed(cfg, 64, None).strategy == "fsdp"  # CPU: the one strategy tp composes with

@@ -20,6 +20,7 @@ from brain_trainer.loop.train import build_and_wrap
 from brain_trainer.loop.train import train
 from brain_trainer.model.brain_ai import INIT_STD, residual_out_std
 from brain_trainer.model.materialize import Initializer, build, is_meta
+from brain_trainer.model.seeded_init import flat_runs
 from brain_trainer.observe.memory_report import measure
 from brain_trainer.schema import ConfigError
 
@@ -50,12 +51,12 @@ def initial_states(rank: int, world_size: int, cases: dict) -> dict | None:
         full = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True))
         out[name] = _digests(full)
         if name == "fsdp":
-            qkv, norm = full["reasoning.blocks.0.qkv.weight"], full["reasoning.blocks.0.attn_norm.weight"]
-            out["stats"] = (float(qkv.std()), bool((norm == 1).all()))
+            q, norm = full["reasoning.blocks.0.q.weight"], full["reasoning.blocks.0.attn_norm.weight"]
+            out["stats"] = (float(q.std()), bool((norm == 1).all()))
     return out if rank == 0 else None
 
 
-def test_initial_weights_are_bitwise_equal_at_1_2_and_4_ranks_with_full_shard_and_ddp(tmp_path):
+def test_initial_weights_are_bitwise_equal_at_1_2_and_4_ranks_with_full_shard_ddp_and_tp(tmp_path):
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:  # one rank in this process: a spawned one would cost another torch start
         one = initial_states(0, 1, {
@@ -69,17 +70,20 @@ def test_initial_weights_are_bitwise_equal_at_1_2_and_4_ranks_with_full_shard_an
     })[0]
     four = run_ranks(initial_states, 4, {
         "fsdp": (PRESET, FULL_SHARD, None), "hybrid": (PRESET, {"strategy": "fsdp", "fsdp_sharding": "hybrid_shard"}, 2),
+        # tensor parallel: column shards (rowwise-split weights) and row shards split again by FSDP2
+        "tp2": (PRESET, {**FULL_SHARD, "tensor_parallel": 2}, 2), "tp2 hybrid": (PRESET, {"strategy": "fsdp", "fsdp_sharding": "hybrid_shard", "tensor_parallel": 2}, 2),
     })[0]
     reference = one["fsdp"]
     assert len(reference) == len(dict(build(ModelConfig(), SEED).named_parameters()))
     for name, digests in (("1 rank single", one["single"]), ("2 ranks full_shard", two["fsdp"]),
                           ("2 ranks ddp", two["ddp"]), ("4 ranks full_shard", four["fsdp"]),
-                          ("4 ranks hybrid_shard 2x2", four["hybrid"])):
+                          ("4 ranks hybrid_shard 2x2", four["hybrid"]), ("4 ranks tp2 x dp2", four["tp2"]),
+                          ("4 ranks tp2, nodes of 2", four["tp2 hybrid"])):
         assert digests == reference, name
     assert one["user"] == two["user"], "a user model with reset_parameters() alike"
     std, norms_are_ones = one["stats"]
     assert abs(std - INIT_STD) < 0.1 * INIT_STD and norms_are_ones  # the model's own init, not a stand-in
-    assert reference["reasoning.blocks.0.qkv.weight"] != reference["reasoning.blocks.1.qkv.weight"]  # own streams
+    assert reference["reasoning.blocks.0.q.weight"] != reference["reasoning.blocks.1.q.weight"]  # own streams
 
 
 def init_1b(rank: int, world_size: int) -> dict:
@@ -154,3 +158,19 @@ def test_an_entrypoint_made_of_brainai_blocks_trains(tmp_path):
         "metrics": {"port": 0},
     })
     assert train(cfg).step == 2
+
+
+@pytest.mark.parametrize("shape, offsets, sizes", [
+    ((6, 4), (2, 0), (3, 4)),  # FSDP2's rows: one run
+    ((6, 4), (0, 2), (6, 2)),  # a rowwise weight's column shard: one run per row
+    ((6, 4), (3, 1), (2, 2)),  # both
+    ((2, 3, 4), (1, 1, 0), (1, 2, 4)),  # whole trailing dimension: runs span it
+    ((), (), ()),
+])
+def test_flat_runs_cover_exactly_the_box(shape, offsets, sizes):
+    full = torch.arange(math.prod(shape)).reshape(shape)
+    box = full[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))].reshape(-1)
+    covered = torch.full_like(box, -1)
+    for at, start, length in flat_runs(shape, offsets, sizes):
+        covered[at : at + length] = torch.arange(start, start + length)
+    assert covered.tolist() == box.tolist()

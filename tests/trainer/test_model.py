@@ -133,8 +133,8 @@ def test_a_resized_vocabulary_embeds_predicts_and_hashes_its_ids():
 
 def test_preset_errors_name_the_field():
     with pytest.raises(ConfigError) as err:
-        BrainAI.from_preset("13b")
-    assert err.value.errors[0].path == "model.preset" and "'13b'" in str(err.value)
+        BrainAI.from_preset("400b")
+    assert err.value.errors[0].path == "model.preset" and "'400b'" in str(err.value)
     with pytest.raises(ConfigError) as err:
         BrainAI.from_preset("minimal", n_heads=3)
     assert err.value.errors[0].path == "model.n_heads"

@@ -36,6 +36,7 @@ from brain_trainer.loop.evaluation import Evaluator, eval_batches, rank_batches
 from brain_trainer.loop.train import build_and_wrap, train
 from brain_trainer.model.brain_ai import build_model
 from brain_trainer.model.materialize import Initializer, build
+from brain_trainer.parallel import build_layout
 from brain_trainer.schema import ConfigError
 
 PACKAGES = ("json", "email")
@@ -242,6 +243,33 @@ def _evaluate(rank, world_size, cfgs):
         result = _evaluator(cfg, rank, world_size)(model)
         results[name] = (result.loss, result.tokens)
     return results
+
+
+def _evaluate_tp(rank, world_size, cfg):
+    """(loss, tokens) of BrainAI split tp2 x dp2, evaluated as the loop does: batches by data-parallel rank,
+    counted by the first rank of each tp group."""
+    dist_cfg = cfg.resolved().distributed
+    layout = build_layout(dist_cfg, world_size, world_size)
+    _, model, _ = build_and_wrap(cfg, dist_cfg, rank, world_size, torch.device("cpu"))
+    t = cfg.training
+    evaluator = Evaluator(TokenDataset(cfg.data.path, t.seq_len, "validation"), t.micro_batch_size, t.eval_steps,
+                          layout.dp_rank(rank), layout.dp, torch.device("cpu"), contextlib.nullcontext,
+                          counts=layout.tp_rank(rank) == 0)
+    result = evaluator(model)
+    return result.loss, result.tokens
+
+
+def test_evaluation_under_tensor_parallelism_counts_each_window_once(bpe, tmp_path):
+    """tp2 x dp2: 5 micro-batches dealt to 2 data-parallel ranks, both tp ranks of a group run them, one counts."""
+    cfg = job(bpe, tmp_path, model={"vocab_size": VOCAB}, training={"micro_batch_size": 4, "eval_steps": 5},
+              distributed={"strategy": "fsdp", "tensor_parallel": 2}, checkpoint={"enabled": False})
+    model = build(cfg.model, SEED)
+    Initializer(SEED)(model, torch.device("cpu"))
+    total, tokens = summed_token_loss(model, TokenDataset(bpe, 64, "validation"), 5 * 4)
+    ranks = run_ranks(_evaluate_tp, 4, cfg, timeout=600)
+    assert all(r == ranks[0] for r in ranks)
+    loss, counted = ranks[0]
+    assert counted == tokens and loss == pytest.approx(total / tokens, rel=1e-5)
 
 
 def test_evaluation_batches_are_dealt_round_robin():

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
+from brain_trainer.parallel.layout import spread_problems
 from brain_trainer.schema import Names, quoted, setting
 
 from ..schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
@@ -307,16 +308,22 @@ class JobSpec(TrainerSections):
                 "checkpoint.volume_claim_template.access_modes",
                 f"a job of up to {high} nodes needs ReadWriteMany (every rank writes its shard), got {', '.join(template.access_modes)}",
             )
+        spread = list(spread_problems(self.distributed, self.nproc_per_node, "nproc_per_node", name))
+        yield from spread
         gbs = self.training.global_batch_size
-        if gbs is not None:
+        if gbs is not None and not spread:
+            tp = self.distributed.tensor_parallel
             # Stops at the first bad size: few consecutive sizes can all divide one batch.
             for n in range(low, high + 1):
-                per_step = self.training.micro_batch_size * self.nproc_per_node * n
+                per_step = self.training.micro_batch_size * self.nproc_per_node * n // tp
                 if gbs % per_step:
+                    across = f"{name('nproc_per_node')} x {name('nodes')}"
+                    if tp > 1:
+                        across = f"({across} / {name('distributed.tensor_parallel')})"
                     yield (
                         "training.global_batch_size",
-                        f"must be a multiple of {name('training.micro_batch_size')} x {name('nproc_per_node')} x "
-                        f"{name('nodes')} ({per_step} at {n} nodes), got {gbs}",
+                        f"must be a multiple of {name('training.micro_batch_size')} x {across} ({per_step} at {n} nodes), "
+                        f"got {gbs}",
                     )
                     break
 

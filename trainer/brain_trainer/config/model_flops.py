@@ -35,7 +35,7 @@ def projection_weights(cfg: BrainAIConfig) -> int:
         cfg.snn_blocks * 2 * d * d  # input current, output
         + cfg.htm_blocks * 4 * d * d  # fused (value, gate, output gate), output
         + cfg.workspace_blocks * 2 * d * d  # query, output
-        + cfg.reasoning_blocks * (4 * d * d + gated_mlp)  # fused qkv, output, gated MLP
+        + cfg.reasoning_blocks * (4 * d * d + gated_mlp)  # query, key, value, output, gated MLP
         + cfg.decision_blocks * gated_mlp
         + d * d + d  # meta: correction, confidence
         + d * cfg.vocab_size  # byte head

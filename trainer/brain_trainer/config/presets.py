@@ -61,9 +61,17 @@ MODEL_PRESETS: dict[str, BrainAIConfig] = {
     "7b": BrainAIConfig(
         d_model=4096, n_heads=32, n_slots=128, htm_blocks=2, reasoning_blocks=32, decision_blocks=2, max_seq_len=4096
     ),
+    # Llama 2's 13B and 70B widths and depths; heads and MLP width divide by 8 (a node's tensorParallel)
+    "13b": BrainAIConfig(
+        d_model=5120, n_heads=40, n_slots=128, htm_blocks=2, reasoning_blocks=40, decision_blocks=2, max_seq_len=4096
+    ),
+    "70b": BrainAIConfig(
+        d_model=8192, n_heads=64, n_slots=256, htm_blocks=2, reasoning_blocks=80, decision_blocks=4, max_seq_len=4096
+    ),
 }
 
-NOMINAL_PARAMS = {"minimal": 1_000_000, "1b": 1_000_000_000, "3b": 3_000_000_000, "7b": 7_000_000_000}
+NOMINAL_PARAMS = {"minimal": 1_000_000, "1b": 1_000_000_000, "3b": 3_000_000_000, "7b": 7_000_000_000,
+                  "13b": 13_000_000_000, "70b": 70_000_000_000}
 
 
 def preset_config(name: str, **overrides: Any) -> BrainAIConfig:
@@ -99,7 +107,7 @@ def module_param_counts(cfg: BrainAIConfig) -> dict[str, int]:
         "htm": cfg.htm_blocks * (norm + 3 * d * d + d * d),
         # norm, query and output projections, slot keys and values
         "workspace": cfg.workspace_blocks * (norm + 2 * d * d + 2 * cfg.n_slots * d),
-        # two norms, fused qkv, output projection, gated MLP
+        # two norms, query, key, value and output projections, gated MLP
         "reasoning": cfg.reasoning_blocks * (2 * norm + 4 * d * d + gated_mlp),
         "decision": cfg.decision_blocks * (norm + gated_mlp),
         # norm, correction projection, confidence head (weight and bias)
@@ -109,14 +117,25 @@ def module_param_counts(cfg: BrainAIConfig) -> dict[str, int]:
     }
 
 
-def wrap_unit_params(cfg: BrainAIConfig) -> list[int]:
-    """Parameters of each FSDP wrap unit in BrainAI.wrap_units() order, leaving out the stacks (they own none)."""
+def split_block_params(cfg: BrainAIConfig) -> dict[str, int]:
+    """Parameters per block that tensor parallelism splits over its ranks (parallel/tensor.py, `Block.COLWISE` and
+    `Block.ROWWISE`): reasoning's query, key, value and output projections and gated MLP, decision's gated MLP.
+    Everything else (norms included) is replicated across the tp group."""
+    d, f = cfg.d_model, cfg.ffn_hidden
+    return {"reasoning": 4 * d * d + 3 * d * f, "decision": 3 * d * f}
+
+
+def wrap_unit_params(cfg: BrainAIConfig, tensor_parallel: int = 1) -> list[int]:
+    """Parameters of each FSDP wrap unit in BrainAI.wrap_units() order, leaving out the stacks (they own none);
+    with `tensor_parallel` ranks, what one tp rank holds of each (the split parameters divided by it)."""
     counts = module_param_counts(cfg)
+    split = split_block_params(cfg)
     blocks = {name: getattr(cfg, attr) for name, attr in STACKS.items()}
     units: list[int] = []
     for name, count in counts.items():
         n = blocks.get(name, 1)
-        units.extend([count // n] * n)
+        whole = split.get(name, 0)
+        units.extend([count // n - whole + whole // tensor_parallel] * n)
     return units
 
 
@@ -125,7 +144,7 @@ def largest_tensor_params(cfg: BrainAIConfig) -> int:
     d = cfg.d_model
     return max(
         max(cfg.vocab_size, cfg.ngram_buckets) * d,  # byte and n-gram embeddings, byte head
-        3 * d * d,  # fused qkv / recurrence projections
+        3 * d * d,  # fused recurrence projection
         cfg.ffn_hidden * d,  # gated-MLP projections
         cfg.n_slots * d,  # workspace slots
     )

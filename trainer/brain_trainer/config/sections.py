@@ -29,6 +29,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 DATA_SOURCES = ("synthetic", "files", "tokens")
 LR_SCALING = ("none", "linear")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+TP_STRATEGIES = ("auto", "fsdp")  # tensor parallelism composes with FSDP2 over the data-parallel dimension of one mesh
 # checkpoint.interval_steps chosen by the Young/Daly rule (young_daly.py).
 AUTO = "auto"
 # checkpoint.resume_from: the newest committed checkpoint, or none (from scratch); else a committed step.
@@ -153,13 +154,24 @@ class DistributedConfig:
         "long, else the job fails as network-error naming the ranks missing; 0: no preflight"
     )
 
+    tensor_parallel: int = setting(
+        1, minimum=1, help="ranks that split each reasoning and decision block's matmuls (attention heads, gated-MLP "
+        "width); must divide nprocPerNode; data parallelism gets the rest: world size / tensorParallel"
+    )
+
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.node_rank >= self.num_nodes:
             yield "node_rank", f"must be < {name('num_nodes')} ({self.num_nodes}), got {self.node_rank}"
+        if self.tensor_parallel > 1 and self.strategy not in TP_STRATEGIES:
+            yield (
+                "tensor_parallel",
+                f"{self.tensor_parallel} needs {name('strategy')} fsdp or auto (FSDP2 shards the data-parallel "
+                f"dimension), got {self.strategy}",
+            )
 
     @classmethod
     def preset(cls, scale: str) -> "DistributedConfig":
-        """The recommended settings for a model scale (minimal, 1b, 3b, 7b)."""
+        """The recommended settings for a model scale (minimal, 1b, 3b, 7b, 13b, 70b)."""
         if scale not in DISTRIBUTED_PRESETS:
             raise ConfigError([FieldError("model.preset", f"must be one of {', '.join(PRESETS)}; got {quoted(scale)}")])
         return replace(DISTRIBUTED_PRESETS[scale])
@@ -194,6 +206,8 @@ DISTRIBUTED_PRESETS: dict[str, DistributedConfig] = {
         "1b": {"strategy": "ddp", "mixed_precision_policy": "bf16"},
         "3b": {"strategy": "fsdp", "fsdp_sharding": "shard_grad_op", "mixed_precision_policy": "bf16"},
         "7b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": "full"},
+        "13b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": "full"},
+        "70b": {"strategy": "fsdp", "mixed_precision_policy": "bf16", "activation_checkpointing": "full"},
     }.items()
 }
 
@@ -333,6 +347,13 @@ class TrainerSections:
                 "training.eval_interval",
                 f"evaluates on a token dataset's validation split: needs {name('data.source')} tokens, got {self.data.source}",
             )
+        tp = self.distributed.tensor_parallel
+        if self.model.entrypoint is None and tp > 1:
+            model = MODEL_PRESETS[self.model.preset]
+            if model.n_heads % tp:
+                yield "distributed.tensor_parallel", f"{tp} does not divide the {self.model.preset} preset's {model.n_heads} attention heads"
+            elif model.ffn_hidden % tp:
+                yield "distributed.tensor_parallel", f"{tp} does not divide the {self.model.preset} preset's gated-MLP width {model.ffn_hidden}"
         if self.training.global_batch_size is not None and self.distributed.gradient_accumulation_steps != 1:
             yield (
                 "distributed.gradient_accumulation_steps",
@@ -351,25 +372,29 @@ class TrainerConfig(TrainerSections):
         distributed = self.distributed.resolved(self.model.preset)
         return self if distributed is self.distributed else replace(self, distributed=distributed)
 
+    def data_parallel(self, world_size: int) -> int:
+        """Ranks reading different batches: the tensor-parallel ranks of a group read the same one."""
+        return max(world_size // self.distributed.tensor_parallel, 1)
+
     def accumulation_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step at this world size."""
         gbs = self.training.global_batch_size
         if gbs is None:
             return self.distributed.gradient_accumulation_steps
-        per_step = self.training.micro_batch_size * world_size
+        per_step = self.training.micro_batch_size * self.data_parallel(world_size)
         if gbs % per_step:
             raise ConfigError(
                 [
                     FieldError(
                         "training.global_batch_size",
-                        f"must be a multiple of micro_batch_size x world size ({per_step}), got {gbs}",
+                        f"must be a multiple of micro_batch_size x data-parallel ranks ({per_step}), got {gbs}",
                     )
                 ]
             )
         return gbs // per_step
 
     def effective_batch_size(self, world_size: int) -> int:
-        return self.training.micro_batch_size * self.accumulation_steps(world_size) * world_size
+        return self.training.micro_batch_size * self.accumulation_steps(world_size) * self.data_parallel(world_size)
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)

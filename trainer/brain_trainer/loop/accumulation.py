@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterable, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -114,12 +114,33 @@ class GradientAccumulator:
         """Clip to max_grad_norm (0 = never) and return the norm before clipping."""
         if not params:
             return 0.0
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=_foreach(params))
-        if isinstance(norm, DTensor):  # FSDP2: a partial norm over the shards; reduce it once
-            norm = norm.full_tensor()
+        groups = by_mesh(params)
+        norm = total_norm(groups)
         if self.max_grad_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, self.max_grad_norm, norm, foreach=_foreach(params))
+            for group in groups:
+                torch.nn.utils.clip_grads_with_norm_(group, self.max_grad_norm, norm, foreach=_foreach(group))
         return norm
+
+
+def by_mesh(params: list[Tensor]) -> list[list[Tensor]]:
+    """`params` grouped by their gradients' device mesh (plain tensors: one group).
+
+    Under tensor parallelism FSDP2 leaves two meshes (the split blocks' dp x tp,
+    everything else's dp), and one DTensor op cannot mix them."""
+    groups: dict[Any, list[Tensor]] = {}
+    for p in params:
+        groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    return list(groups.values())
+
+
+def total_norm(groups: list[list[Tensor]]) -> Tensor:
+    """The 2-norm of all the groups' gradients, one plain tensor: a DTensor's norm is partial over its shards,
+    reduced once per mesh."""
+    norms = []
+    for group in groups:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], foreach=_foreach(group))
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
 
 
 def _foreach(params: list[Tensor]) -> Optional[bool]:

@@ -7,7 +7,9 @@ losses and counts its tokens; one all-reduce gives the exact mean over those
 windows, so the number does not depend on the world size. Ranks with no
 micro-batch left in a round still run a forward pass (on micro-batch 0,
 counted as nothing): FSDP gathers parameters inside every forward, and all
-ranks must take part in each gather.
+ranks must take part in each gather. Under tensor parallelism the micro-batches
+are dealt by data-parallel rank; the tp ranks of a group run the same ones
+together and only the first of them counts them (`counts`).
 """
 
 from __future__ import annotations
@@ -57,8 +59,11 @@ class Evaluator:
     """This rank's part of every evaluation on `dataset` (the validation split)."""
 
     def __init__(self, dataset: Dataset, micro_batch_size: int, eval_steps: int, rank: int, world_size: int,
-                 device: torch.device, autocast: Callable[[], contextlib.AbstractContextManager]):
+                 device: torch.device, autocast: Callable[[], contextlib.AbstractContextManager], *,
+                 counts: bool = True):
+        """`rank` and `world_size` are data-parallel; `counts`: whether this rank's sums enter the all-reduce."""
         self.dataset = dataset
+        self.counts = counts
         self.device = device
         self.autocast = autocast  # a factory of the loop's autocast context: evaluation computes as training does
         batches = eval_batches(len(dataset), micro_batch_size, eval_steps)
@@ -78,7 +83,7 @@ class Evaluator:
             x, y = self._batch(indices or self.filler)
             with self.autocast():
                 logits = model(x)
-            if indices is not None:
+            if indices is not None and self.counts:
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
                 totals += torch.stack([loss.double(), torch.tensor(float(y.numel()), dtype=torch.float64, device=self.device)])
         if dist.is_initialized():

@@ -46,7 +46,8 @@ from ..observe.memory_report import gather_init_memory, out_of_memory_line, peak
 from ..observe.reporter import Reporter
 from ..parallel.ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
 from ..parallel.fsdp import FSDPWrapper
-from ..parallel.launcher import DistributedLauncher
+from ..parallel.launcher import DistributedLauncher, env_int
+from ..parallel.layout import Layout, build_layout
 from ..parallel.blocks import COMPILE_BACKEND, Backend
 from ..parallel.memory import checkpoint_bytes, rank_estimate, resolve_distributed
 from ..resilience.failures import Fatal
@@ -116,7 +117,9 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices and embeddings (>= 2-D) only, never on biases and norm gains."""
+    """Weight decay on matrices and embeddings (>= 2-D) only, never on biases and norm gains.
+
+    Two groups at every layout: a checkpoint's optimizer and schedule state (one entry per group) loads under any other."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
@@ -129,6 +132,15 @@ def device_memory_bytes(device: torch.device) -> Optional[int]:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     return None
+
+
+def optimizer_kernels(device: torch.device, layout: Layout) -> dict[str, bool | None]:
+    """AdamW's implementation: fused (one kernel for all parameters) on GPU, unless tensor parallelism puts the
+    parameters on two device meshes ((dp..., tp) for the split ones, (dp...) for the rest), which one fused or
+    foreach call over DTensors cannot mix: then the per-parameter loop (CPU uses it anyway)."""
+    if layout.tp > 1:
+        return {"fused": False, "foreach": False}
+    return {"fused": True if device.type == "cuda" else None}
 
 
 def resolve_strategy(cfg: TrainerConfig, world_size: int, device: torch.device) -> DistributedConfig:
@@ -245,6 +257,7 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     """Model, optimizer, schedule, checkpoints (restored), preemption, data: everything the loop drives."""
     cfg, training = run.config, run.config.training
     dist_cfg = resolve_strategy(cfg, world_size, device)
+    layout = build_layout(dist_cfg, world_size, env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size))
     global_batch = cfg.effective_batch_size(world_size)
     wrapper, model, source = build_and_wrap(cfg, dist_cfg, rank, world_size, device)
     reporter.init_memory([r.as_dict() for r in gather_init_memory(model, device, rank)])
@@ -254,7 +267,7 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
         param_groups(model, training.weight_decay),
         lr=peak_lr,
         betas=ADAMW_BETAS,
-        fused=True if device.type == "cuda" else None,  # one kernel for all parameters on GPU
+        **optimizer_kernels(device, layout),
     )
     schedule = WarmupCosine.from_config(training)
     scheduler = LambdaLR(optimizer, schedule)
@@ -275,13 +288,16 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     if ckpt.restore(state) is not None:
         follow_config(scheduler, schedule, peak_lr)
 
-    sample_log = SampleLog.from_env(rank)
+    # Batches are dealt by data-parallel rank: the tp ranks of a group read (and log) the same ones, once.
+    dp_rank, reads_first = layout.dp_rank(rank), layout.tp_rank(rank) == 0
+    sample_log = SampleLog.from_env(rank) if reads_first else SampleLog(None, rank)
     loader = RankAwareDataLoader(sample_log.wrap(run.dataset), dist_cfg, micro_batch_size=training.micro_batch_size,
-                                 rank=rank, world_size=world_size, seed=training.seed, start_index=state.sample_index,
+                                 rank=dp_rank, world_size=layout.dp, seed=training.seed, start_index=state.sample_index,
                                  num_workers=cfg.data.num_workers)
     autocast = functools.partial(autocast_context, dist_cfg.mixed_precision_policy, device)
     evaluator = None if run.held_out is None else Evaluator(
-        run.held_out, training.micro_batch_size, training.eval_steps, rank, world_size, device, autocast)
+        run.held_out, training.micro_batch_size, training.eval_steps, dp_rank, layout.dp, device, autocast,
+        counts=reads_first)
     preset = cfg.model.entrypoint or cfg.model.preset
     # Only rank 0 reports MFU; counting takes a pass over the model on the meta device.
     flops_per_token = model_flops_per_token(cfg, parameters) if reporter.active else 0
@@ -293,9 +309,10 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
                      compiling=wrapper.compile_backend is not None)
     if rank == 0:
         log.info(
-            "training %s with %s on %d rank(s), %s: micro-batch %d x %d accumulation x %d ranks = %d sequences/step, from step %d",
-            preset, dist_cfg.strategy, world_size, device.type,
-            training.micro_batch_size, cfg.accumulation_steps(world_size), world_size, global_batch, state.step,
+            "training %s with %s on %d rank(s) (tensor parallel %d), %s: micro-batch %d x %d accumulation x %d "
+            "data-parallel ranks = %d sequences/step, from step %d",
+            preset, dist_cfg.strategy, world_size, layout.tp, device.type,
+            training.micro_batch_size, cfg.accumulation_steps(world_size), layout.dp, global_batch, state.step,
         )
         log.info("model FLOPs per token: %.3g at sequence length %d (6 x parameters: %.3g)", flops_per_token,
                  training.seq_len, six_n_flops_per_token(parameters))

@@ -53,6 +53,10 @@ class Block(nn.Module):
     BrainAI does (BrainAI's own, or any model a `model.entrypoint` builds from these blocks: `reset_block`)."""
 
     RESIDUAL_ADDS: ClassVar[int] = 0  # projections it adds into the residual stream (their init is depth-scaled)
+    # Tensor parallelism (parallel/tensor.py): linears split by output rows, then those split by input columns,
+    # that take the split activations back; a block naming none is replicated.
+    COLWISE: ClassVar[tuple[str, ...]] = ()
+    ROWWISE: ClassVar[tuple[str, ...]] = ()
 
 
 class GatedMLP(Block):
@@ -273,29 +277,36 @@ class TransformerBlock(Block):
     """Pre-norm causal self-attention followed by a gated MLP."""
 
     RESIDUAL_ADDS = 2  # the attention's output and the MLP's
+    COLWISE = ("q", "k", "v", "mlp.gate", "mlp.up")  # whole heads per rank
+    ROWWISE = ("attn_out", "mlp.down")
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
-        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
         self.attn_norm = nn.RMSNorm(cfg.d_model)
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        # Separate projections, so that tensor parallelism splits each by whole heads (parallel/tensor.py).
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.k = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.v = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.attn_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.mlp_norm = nn.RMSNorm(cfg.d_model)
         self.mlp = GatedMLP(cfg.d_model, cfg.ffn_hidden)
 
     def reset_parameters(self, out_std: float) -> None:
         self.attn_norm.reset_parameters()
-        _init_linear(self.qkv)
+        for projection in (self.q, self.k, self.v):
+            _init_linear(projection)
         _init_linear(self.attn_out, out_std)
         self.mlp_norm.reset_parameters()
         self.mlp.reset_parameters(out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, D = x.shape
-        qkv = self.qkv(self.attn_norm(x)).view(B, T, 3, self.n_heads, D // self.n_heads)  # (B, T, 3, H, hd)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x (B, H, T, hd)
+        B, T, _ = x.shape
+        h = self.attn_norm(x)
+        # -1 heads: all of them, or this rank's share under tensor parallelism
+        q, k, v = (proj(h).view(B, T, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))  # (B, H, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
-        x = x + self.attn_out(y.transpose(1, 2).reshape(B, T, D))
+        x = x + self.attn_out(y.transpose(1, 2).reshape(B, T, -1))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -303,6 +314,8 @@ class DecisionBlock(Block):
     """Pre-norm gated MLP."""
 
     RESIDUAL_ADDS = 1
+    COLWISE = ("mlp.gate", "mlp.up")
+    ROWWISE = ("mlp.down",)
 
     def __init__(self, cfg: BrainAIConfig):
         super().__init__()
@@ -395,7 +408,7 @@ class BrainAI(nn.Module):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "BrainAI":
-        """Build a preset (minimal, 1b, 3b, 7b), optionally with fields of BrainAIConfig overridden."""
+        """Build a preset (minimal, 1b, 3b, 7b, 13b, 70b), optionally with fields of BrainAIConfig overridden."""
         return cls(preset_config(name, **overrides))
 
     @torch.no_grad()

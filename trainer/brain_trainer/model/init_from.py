@@ -14,7 +14,6 @@ safetensors rows are read per shard), so no rank builds the whole model.
 from __future__ import annotations
 
 import contextlib
-import math
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -30,7 +29,7 @@ from ..checkpoint.state import MODEL_PREFIX
 from ..config import TrainerConfig
 from ..schema import ConfigError, FieldError, to_dict
 from .safetensors_io import INDEX_FILE, SINGLE_FILE, SUFFIX, SafetensorsError, read_weights
-from .seeded_init import local_rows
+from .seeded_init import local_box
 
 FIELD = "model.init_from"
 # What export writes into each safetensors file's metadata, so that a run started from it knows its origin.
@@ -93,7 +92,7 @@ class CheckpointSource:
 
 
 class SafetensorsSource:
-    """Tensors of safetensors files, read per rank: only the rows of each parameter this rank holds."""
+    """Tensors of safetensors files, read per rank: only the part (box) of each parameter this rank holds."""
 
     def __init__(self, path: Path, expected: dict[str, tuple[int, ...]]):
         self.path = path
@@ -114,14 +113,14 @@ class SafetensorsSource:
                 entry = self.entries[name]
                 if entry.file not in opened:
                     opened[entry.file] = stack.enter_context(safe_open(str(entry.file), framework="pt"))
-                local, start = local_rows(target)
+                local, offsets = local_box(target)
                 if local.numel() == 0:
                     continue
                 if local.dim() == 0:
                     local.copy_(opened[entry.file].get_tensor(name))
                     continue
-                first_row = start // math.prod(entry.shape[1:])
-                local.copy_(opened[entry.file].get_slice(name)[first_row : first_row + local.shape[0]])
+                box = tuple(slice(o, o + size) for o, size in zip(offsets, local.shape))
+                local.copy_(opened[entry.file].get_slice(name)[box])
         set_model_state_dict(model, state)
 
     def provenance(self) -> dict[str, Any]:

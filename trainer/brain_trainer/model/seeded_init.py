@@ -5,10 +5,11 @@ of the model's parameters or buffers (`normal_`, `uniform_`, ...: what
 `nn.init` and `reset_parameters()` call) is replaced by one that draws the
 tensor's flattened values in fixed blocks of BLOCK elements, each block from
 its own generator seeded by (seed, tensor name, how many fills of that tensor
-came before, block index). A rank holding rows [a, b) of a parameter (its FSDP2
-shard on dim 0, or the whole tensor under DDP) draws only the blocks that
-overlap them, and always a block's full length, so the values of the full
-tensor are bitwise the same at every world size and with every strategy.
+came before, block index). A rank holding a box of a parameter (its FSDP2
+shard on dim 0, a tensor-parallel shard on dim 0 or 1 under it, or the whole
+tensor under DDP) draws only the blocks that overlap the box's runs of
+consecutive elements, and always a block's full length, so the values of the
+full tensor are bitwise the same at every world size, layout and strategy.
 They depend on the seed, the names and shapes, and on the device type (CPU
 and CUDA generators differ).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import math
 from typing import Any, Iterator
 
@@ -37,19 +39,34 @@ RANDOM_FILLS = frozenset(
 )
 
 
-def local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(the part this rank holds, the flat index of its first element in the full tensor).
+def local_box(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """(the part this rank holds, its offset in the full tensor along each dimension).
 
-    A DTensor's part must be whole rows of dim 0 (FSDP2's Shard(0), possibly
-    replicated over a second mesh dimension); a plain tensor is all of itself.
+    A DTensor's part is one box of the full tensor (FSDP2's Shard(0), a
+    tensor-parallel Shard(0) or Shard(1), or both); a plain tensor is all of itself.
     """
     if not isinstance(tensor, DTensor):
-        return tensor, 0
+        return tensor, (0,) * tensor.dim()
     (chunk,) = tensor.__create_chunk_list__()
-    shape = tuple(tensor.shape)
-    if shape and any(o != 0 or s != full for o, s, full in zip(chunk.offsets[1:], chunk.sizes[1:], shape[1:])):
-        raise ValueError(f"placements {tensor.placements}: only whole rows of dim 0 per rank are supported")
-    return tensor.to_local(), (chunk.offsets[0] * math.prod(shape[1:]) if shape else 0)
+    return tensor.to_local(), tuple(chunk.offsets)
+
+
+def flat_runs(shape: tuple[int, ...], offsets: tuple[int, ...], sizes: tuple[int, ...]) -> Iterator[tuple[int, int, int]]:
+    """The box's runs of consecutive elements in the full (contiguous) tensor of `shape`, in the box's order:
+    (flat index in the box, flat index in the full tensor, length). Pure."""
+    if not shape:
+        yield 0, 0, 1
+        return
+    # the dimensions after the last split one are whole: every run spans them
+    split = [d for d in range(len(shape)) if offsets[d] != 0 or sizes[d] != shape[d]]
+    last = split[-1] if split else 0
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    length = sizes[last] * strides[last]
+    if length == 0:
+        return
+    for i, index in enumerate(itertools.product(*(range(size) for size in sizes[:last]))):
+        start = sum((o + j) * stride for o, j, stride in zip(offsets, index, strides)) + offsets[last] * strides[last]
+        yield i * length, start, length
 
 
 def block_seed(seed: int, name: str, call: int, block: int) -> int:
@@ -86,20 +103,25 @@ class _SeededFills(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def _fill(self, func: Any, args: tuple, kwargs: dict, name: str, call: int) -> None:
-        local, start = local_rows(args[0])
+        local, offsets = local_box(args[0])
         total = args[0].numel()
         flat = local.view(-1) if local.is_contiguous() else torch.empty(local.numel(), dtype=local.dtype, device=local.device)
-        pos, end = start, start + local.numel()
-        while pos < end:
-            block = pos // BLOCK
-            first = block * BLOCK
-            values = torch.empty(min(BLOCK, total - first), dtype=local.dtype, device=local.device)
-            generator = torch.Generator(device=local.device)
-            generator.manual_seed(block_seed(self.seed, name, call, block))
-            func(values, *args[1:], **{**kwargs, "generator": generator})
-            stop = min(end, first + values.numel())
-            flat[pos - start : stop - start] = values[pos - first : stop - first]
-            pos = stop
+        drawn: tuple[int, torch.Tensor] | None = None  # the last block drawn: the runs of a column shard share blocks
+        for at, start, length in flat_runs(tuple(args[0].shape), offsets, tuple(local.shape)):
+            pos, end = start, start + length
+            while pos < end:
+                block = pos // BLOCK
+                first = block * BLOCK
+                if drawn is None or drawn[0] != block:
+                    values = torch.empty(min(BLOCK, total - first), dtype=local.dtype, device=local.device)
+                    generator = torch.Generator(device=local.device)
+                    generator.manual_seed(block_seed(self.seed, name, call, block))
+                    func(values, *args[1:], **{**kwargs, "generator": generator})
+                    drawn = (block, values)
+                values = drawn[1]
+                stop = min(end, first + values.numel())
+                flat[at + pos - start : at + stop - start] = values[pos - first : stop - first]
+                pos = stop
         if flat.data_ptr() != local.data_ptr():
             local.copy_(flat.view(local.shape))
 
@@ -122,7 +144,7 @@ def poison(model: nn.Module) -> None:
     with torch.no_grad():
         for _, tensor in named_tensors(model):
             if tensor.is_floating_point():
-                local_rows(tensor)[0].fill_(math.nan)
+                local_box(tensor)[0].fill_(math.nan)
 
 
 def unset(model: nn.Module) -> list[str]:
@@ -130,5 +152,5 @@ def unset(model: nn.Module) -> list[str]:
     return [
         name
         for name, tensor in named_tensors(model)
-        if tensor.is_floating_point() and bool(torch.isnan(local_rows(tensor)[0]).any())
+        if tensor.is_floating_point() and bool(torch.isnan(local_box(tensor)[0]).any())
     ]

@@ -5,6 +5,7 @@ Importing this package is torch-free; each torch name loads its module on first 
 """
 
 from ..lazy import lazy_exports
+from .layout import Layout, build_layout
 from .memory import choose_strategy, plan_memory, resolve_distributed
 
 _LAZY = {
@@ -14,6 +15,6 @@ _LAZY = {
     "FSDPWrapper": "fsdp",
 }
 
-__all__ = ["choose_strategy", "plan_memory", "resolve_distributed", *_LAZY]
+__all__ = ["Layout", "build_layout", "choose_strategy", "plan_memory", "resolve_distributed", *_LAZY]
 
 __getattr__ = lazy_exports(__name__, _LAZY, globals())

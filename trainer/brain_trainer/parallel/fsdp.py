@@ -15,6 +15,10 @@ Strategies, as FSDP2 expresses them (torch 2.13):
                    node, then all-reduced across nodes)
     no_shard       2-D mesh (world_size, 1): every rank holds every parameter,
                    gradients are all-reduced - DDP semantics through FSDP2
+
+With distributed.tensor_parallel = tp > 1 the mesh gains a last dimension
+"tp" (tp ranks, consecutive); the blocks are split over it first (tensor.py),
+and the mesh above is built over world_size / tp data-parallel ranks.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from ..config import DistributedConfig
 from .blocks import Backend
 from .ddp import Materialize, ProcessGroupUser, use_local_device
 from .launcher import env_int
+from .layout import build_layout
+from .tensor import apply_tensor_parallel
+
+TP_DIM = "tp"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -51,6 +59,7 @@ class ShardingPolicy:
     reduce_dtype: str  # gradient reduction precision
     cpu_offload: bool
     checkpointed: tuple[str, ...]  # blocks whose activations are recomputed in backward
+    tensor_parallel: int = 1  # ranks splitting each reasoning/decision block (tensor.py): a last mesh dimension "tp"
 
     @property
     def shard_size(self) -> int:
@@ -94,7 +103,9 @@ def sharding_policy(
     config: DistributedConfig, units: tuple[str, ...], world_size: int, local_world_size: int,
     checkpointed: tuple[str, ...] = (),
 ) -> ShardingPolicy:
-    shape, dim_names = mesh_shape(config.fsdp_sharding, world_size, local_world_size)
+    tp = config.tensor_parallel
+    # FSDP2 shards over the data-parallel ranks: the mesh without its tp dimension
+    shape, dim_names = mesh_shape(config.fsdp_sharding, world_size // tp, max(local_world_size // tp, 1))
     return ShardingPolicy(
         units=units,
         reshard_after_forward=config.fsdp_sharding != "shard_grad_op",
@@ -104,6 +115,7 @@ def sharding_policy(
         reduce_dtype="fp32",
         cpu_offload=config.cpu_offload,
         checkpointed=checkpointed,
+        tensor_parallel=tp,
     )
 
 
@@ -123,10 +135,17 @@ class FSDPWrapper(ProcessGroupUser):
         device = use_local_device()
         self.model = self.sync_batchnorm(self.model, device)
         policy = self.get_sharding_policy(world_size)
-        self.mesh = init_device_mesh(device.type, policy.mesh_shape, mesh_dim_names=policy.mesh_dim_names)
+        if policy.tensor_parallel == 1:
+            dp_mesh = self.mesh = init_device_mesh(device.type, policy.mesh_shape, mesh_dim_names=policy.mesh_dim_names)
+        else:
+            build_layout(self.config, world_size, env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size))
+            self.mesh = init_device_mesh(device.type, (*policy.mesh_shape, policy.tensor_parallel),
+                                         mesh_dim_names=(*policy.mesh_dim_names, TP_DIM))
+            dp_mesh = self.mesh[policy.mesh_dim_names]
+            apply_tensor_parallel(self.model, self.mesh[TP_DIM])
         self.prepare_blocks(self.model)
         modules = dict(self.model.named_modules())
-        options = dict(mesh=self.mesh, mp_policy=self._mp_policy(policy), offload_policy=self._offload_policy(policy))
+        options = dict(mesh=dp_mesh, mp_policy=self._mp_policy(policy), offload_policy=self._offload_policy(policy))
         for name in policy.units:
             fully_shard(modules[name], reshard_after_forward=policy.reshard_after_forward, **options)
         # None lets FSDP keep the root gathered after forward: backward needs it first anyway.

@@ -17,6 +17,13 @@ Model states, with P parameters and N ranks sharing a shard:
     fsdp full_shard    (ZeRO-3)     P / N + 2 U        P / N + U        P / N
     fsdp hybrid_shard               as full_shard, with N = ranks per node
 
+With tensorParallel tp, P is what one tp rank holds (the split parameters of
+the reasoning and decision blocks divided by tp, the rest whole:
+presets.wrap_unit_params) and N counts data-parallel ranks only (world size /
+tp; hybrid_shard: ranks per node / tp). Activations are not divided: without
+sequence parallelism every tp rank keeps its blocks' inputs and norms whole,
+so the figure stays an upper bound for the split blocks' inner activations.
+
 U is the largest FSDP wrap unit: full_shard gathers the running unit and
 prefetches the next, and holds one unit's unsharded gradients until they are
 reduce-scattered. With CPU offload the sharded parameters, gradients and
@@ -104,6 +111,7 @@ class MemoryPlan:
     activations: int
     overhead: int
     host: int  # bytes per rank kept in CPU memory (CPU offload)
+    tensor_parallel: int = 1  # ranks splitting each reasoning/decision block
 
     @property
     def total(self) -> int:
@@ -125,7 +133,8 @@ class MemoryPlan:
         ]
         if self.host:
             rows.append(("host (offloaded)", self.host))
-        return "\n".join([f"{self.choice} on {self.world_size} rank(s), per rank:", *gib_rows(rows)])
+        split = f" (tensor parallel {self.tensor_parallel})" if self.tensor_parallel > 1 else ""
+        return "\n".join([f"{self.choice}{split} on {self.world_size} rank(s), per rank:", *gib_rows(rows)])
 
 
 class InsufficientMemoryError(ConfigError):
@@ -219,6 +228,7 @@ def _check_inputs(
     cpu_offload: bool,
     node_size: Optional[int],
     checkpointing: str = "none",
+    tensor_parallel: int = 1,
 ) -> None:
     errors = [
         FieldError(path, f"must be one of {', '.join(choices)}; got {value!r}")
@@ -246,6 +256,17 @@ def _check_inputs(
     if hybrid and (not node_size or node_size < 1 or world_size % node_size):
         message = f"hybrid_shard needs ranks per node dividing world size {world_size}, got {node_size}"
         errors.append(FieldError("node_size", message))
+    if tensor_parallel < 1:
+        errors.append(FieldError("distributed.tensor_parallel", f"must be >= 1, got {tensor_parallel}"))
+    elif tensor_parallel > 1:
+        if strategy != "fsdp":
+            errors.append(FieldError("distributed.tensor_parallel", f"{tensor_parallel} needs strategy fsdp, got {strategy}"))
+        if world_size % tensor_parallel:
+            errors.append(FieldError("distributed.tensor_parallel",
+                                     f"{tensor_parallel} does not divide the world size {world_size}"))
+        if hybrid and node_size and node_size % tensor_parallel:
+            errors.append(FieldError("distributed.tensor_parallel",
+                                     f"{tensor_parallel} does not divide the ranks per node {node_size}"))
     if errors:
         raise ConfigError(errors)
 
@@ -264,6 +285,7 @@ def plan_memory(
     cpu_offload: bool = False,
     node_size: Optional[int] = None,
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
+    tensor_parallel: int = 1,
 ) -> MemoryPlan:
     """Bytes per rank for `model` (a BrainAIConfig or a preset name) trained with AdamW.
 
@@ -274,15 +296,17 @@ def plan_memory(
     cfg = _model_config(model)
     seq_len = cfg.max_seq_len if seq_len is None else seq_len
     _check_inputs(strategy, fsdp_sharding, precision, micro_batch_size, seq_len, world_size, cpu_offload, node_size,
-                  activation_checkpointing)
+                  activation_checkpointing, tensor_parallel)
 
-    n_params = sum(wrap_unit_params(cfg))
-    unit = max(wrap_unit_params(cfg))
+    units = wrap_unit_params(cfg, tensor_parallel)  # what one tp rank holds of each unit
+    n_params, unit = sum(units), max(units)
+    dp = world_size // tensor_parallel
     param_b = PARAM_BYTES[precision]
     optim_b = ADAM_MOMENT_BYTES + (MASTER_WEIGHT_BYTES if param_b < 4 else 0)
 
     sharding = fsdp_sharding if strategy == "fsdp" else "no_shard"
-    shard = {"no_shard": 1, "shard_grad_op": world_size, "full_shard": world_size, "hybrid_shard": node_size}[sharding]
+    shard = {"no_shard": 1, "shard_grad_op": dp, "full_shard": dp,
+             "hybrid_shard": node_size // tensor_parallel if node_size else node_size}[sharding]
     # the sharded (or replicated) states, then the unsharded working copies on top
     params = n_params * param_b if sharding == "shard_grad_op" else n_params * param_b // shard
     grads = n_params * param_b // shard
@@ -306,17 +330,18 @@ def plan_memory(
         ),
         overhead=overhead_bytes,
         host=host,
+        tensor_parallel=tensor_parallel,
     )
 
 
 def strategy_ladder(
-    world_size: int, activation_checkpointing: str = "none", cpu_offload: bool = False
+    world_size: int, activation_checkpointing: str = "none", cpu_offload: bool = False, tensor_parallel: int = 1
 ) -> list[StrategyChoice]:
     """The options `choose_strategy` tries, cheapest (least communication and recompute) first.
 
     What the user already requested stays on in every option (the checkpointing
     rungs check every block); options that cannot honour a requested CPU
-    offload are left out.
+    offload, or tensor parallelism (fsdp only), are left out.
     """
     ladder = [
         StrategyChoice("single" if world_size == 1 else "ddp"),
@@ -328,6 +353,8 @@ def strategy_ladder(
     out: list[StrategyChoice] = []
     for option in ladder:
         if cpu_offload and (option.strategy, option.fsdp_sharding) != ("fsdp", "full_shard"):
+            continue
+        if tensor_parallel > 1 and option.strategy != "fsdp":
             continue
         option = replace(
             option,
@@ -352,6 +379,7 @@ def plan_ladder(
     activation_checkpointing_every: int = 2,
     cpu_offload: bool = False,
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
+    tensor_parallel: int = 1,
 ) -> list[tuple[StrategyChoice, MemoryPlan]]:
     """Every option of `strategy_ladder`, cheapest first, with its per-rank plan."""
     return [
@@ -369,9 +397,10 @@ def plan_ladder(
                 activation_checkpointing_every=activation_checkpointing_every,
                 cpu_offload=option.cpu_offload,
                 overhead_bytes=overhead_bytes,
+                tensor_parallel=tensor_parallel,
             ),
         )
-        for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload)
+        for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload, tensor_parallel)
     ]
 
 
@@ -399,6 +428,7 @@ def choose_strategy(
     activation_checkpointing_every: int = 2,
     cpu_offload: bool = False,
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
+    tensor_parallel: int = 1,
 ) -> tuple[StrategyChoice, MemoryPlan]:
     """The first option of `strategy_ladder` whose plan fits in device_memory_bytes per rank.
 
@@ -415,6 +445,7 @@ def choose_strategy(
         activation_checkpointing_every=activation_checkpointing_every,
         cpu_offload=cpu_offload,
         overhead_bytes=overhead_bytes,
+        tensor_parallel=tensor_parallel,
     )
     return first_fit(ladder, device_memory_bytes, model)
 
@@ -422,19 +453,20 @@ def choose_strategy(
 def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes: Optional[int]) -> DistributedConfig:
     """cfg.distributed with `strategy: auto` made concrete; other strategies come back unchanged.
 
-    auto starts from the preset's recommendations (`TrainerConfig.resolved`). One rank -> single; unknown device memory (CPU) or a user
-    entrypoint (whose size the planner cannot know without torch) -> ddp;
-    otherwise the planner's cheapest fit for the preset, with
-    training.micro_batch_size, training.seq_len and
-    distributed.mixed_precision_policy.
+    auto starts from the preset's recommendations (`TrainerConfig.resolved`). One rank -> single; unknown device
+    memory (CPU) or a user entrypoint (whose size the planner cannot know without torch) -> ddp, or fsdp under
+    tensor parallelism (the one strategy it composes with, layout.py); otherwise the planner's cheapest fit for
+    the preset (among fsdp's options under tensor parallelism), with training.micro_batch_size, training.seq_len,
+    distributed.mixed_precision_policy and distributed.tensor_parallel.
     """
     if cfg.distributed.strategy != "auto":
         return cfg.distributed
     dist = cfg.resolved().distributed
-    if world_size == 1:
+    tp = dist.tensor_parallel
+    if world_size == 1 and tp == 1:
         return replace(dist, strategy="single")
     if device_memory_bytes is None or cfg.model.entrypoint:
-        return replace(dist, strategy="ddp")
+        return replace(dist, strategy="fsdp" if tp > 1 else "ddp")
     choice, _ = choose_strategy(
         planned_model(cfg.model),
         world_size=world_size,
@@ -445,6 +477,7 @@ def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes
         activation_checkpointing=dist.activation_checkpointing,
         activation_checkpointing_every=dist.activation_checkpointing_every,
         cpu_offload=dist.cpu_offload,
+        tensor_parallel=tp,
     )
     return replace(
         dist,
@@ -515,7 +548,7 @@ def plan_host_memory(
 ) -> HostPlan:
     """Host memory per rank for `plan` (see the module docstring); `accelerator`: the device is a GPU, else the CPU."""
     cfg = _model_config(model)
-    held = -(-sum(wrap_unit_params(cfg)) // plan.shard_size)
+    held = -(-sum(wrap_unit_params(cfg, plan.tensor_parallel)) // plan.shard_size)
     return HostPlan(
         plan=plan,
         accelerator=accelerator,
@@ -541,7 +574,7 @@ def rank_estimate(cfg: TrainerConfig, dist: DistributedConfig, world_size: int, 
             micro_batch_size=cfg.training.micro_batch_size, seq_len=cfg.training.seq_len, world_size=world_size,
             activation_checkpointing=dist.activation_checkpointing,
             activation_checkpointing_every=dist.activation_checkpointing_every, cpu_offload=dist.cpu_offload,
-            node_size=node_size,
+            node_size=node_size, tensor_parallel=dist.tensor_parallel,
         )
     except ConfigError:
         return None
