@@ -94,7 +94,7 @@ def _at(path):
 def test_constraints_come_from_the_spec_model():
     assert _at(".spec.backend")["enum"] == ["elastic", "pytorchjob"]
     assert _at(".spec.nodes") == {"description": "worker pods", "type": "integer", "minimum": 1}
-    assert _at(".spec.model.preset")["enum"] == ["minimal", "1b", "3b", "7b"]
+    assert _at(".spec.model.preset")["enum"] == ["minimal", "1b", "3b", "7b", "13b", "70b"]
     assert _at(".spec.training.learningRate")["exclusiveMinimum"] is True
     assert _at(".spec.checkpoint").get("properties", {}).get("async", {}).get("type") == "boolean"
     assert _at(".spec.resources.limits")["additionalProperties"]["x-kubernetes-int-or-string"] is True
