@@ -88,7 +88,6 @@ def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
         seq_len=training.seq_len,
         world_size=ranks,
         activation_checkpointing_every=dist.activation_checkpointing_every,
-        tensor_parallel=dist.tensor_parallel,
     )
     asked = None
     with _manifest_spelling():
@@ -100,19 +99,22 @@ def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
                 activation_checkpointing=dist.activation_checkpointing,
                 cpu_offload=dist.cpu_offload,
                 node_size=job.spec.nproc_per_node,
+                tensor_parallel=dist.tp,
                 **shape,
             )
+        # auto picks tensor parallelism where the job leaves it unset, on GPUs (the trainer, seeing their memory)
         ladder = plan_ladder(planned_model(cfg.model), activation_checkpointing=dist.activation_checkpointing,
-                             cpu_offload=dist.cpu_offload, **shape)
+                             cpu_offload=dist.cpu_offload, tensor_parallel=dist.tensor_parallel,
+                             ranks_per_node=job.spec.nproc_per_node if job.spec.resources.gpus() else None, **shape)
     if asked is not None:
         return asked, ladder, asked
     if job.spec.resources.gpus():
         return None, ladder, first_fit(ladder, memory, planned_model(cfg.model), MANIFEST_NAMES)[1]
-    if dist.tensor_parallel > 1:  # auto on CPUs with tensor parallelism: fsdp as configured, as the trainer resolves it
+    if dist.tp > 1:  # auto on CPUs with tensor parallelism: fsdp as configured, as the trainer resolves it
         with _manifest_spelling():
             runs = plan_memory(planned_model(cfg.model), "fsdp", fsdp_sharding=dist.fsdp_sharding,
                                activation_checkpointing=dist.activation_checkpointing, cpu_offload=dist.cpu_offload,
-                               node_size=job.spec.nproc_per_node, **shape)
+                               node_size=job.spec.nproc_per_node, tensor_parallel=dist.tp, **shape)
         return None, ladder, runs
     return None, ladder, ladder[0][1]  # auto on CPUs: ddp (single on one rank), as the trainer resolves it
 

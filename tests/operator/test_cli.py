@@ -399,7 +399,32 @@ def test_estimate_plans_tensor_parallel_70b_on_8_nodes(tmp_path, capsys):
     code, out, err = run_cli(capsys, "estimate", path)
     assert code == 0, err
     picked = out.split("strategy: auto picks ")[1]
-    assert picked.startswith("fsdp full_shard + full activation checkpointing\n"
-                             "fsdp full_shard + full activation checkpointing (tensor parallel 8) on 64 rank(s), per rank:")
+    assert picked.startswith("fsdp full_shard + tp 8 + full activation checkpointing\n"
+                             "fsdp full_shard + tp 8 + full activation checkpointing on 64 rank(s), per rank:")
     tried = out.split("cheapest first (device GiB per rank):\n")[1].split("\n\n")[0].splitlines()
     assert tried and all(line.startswith("  fsdp ") for line in tried), "tensor parallelism composes with fsdp only"
+
+
+def test_estimate_lets_auto_pick_the_smallest_tensor_parallel_that_fits(tmp_path, capsys):
+    """70b on 8 nodes x 8 GPUs of 22 GiB, 1024 tokens, tensorParallel unset: no tp1 option fits on the device, tp2's
+    full_shard + checkpointing does (it gathers half of each unit); every degree's options are listed, smallest first,
+    CPU offload last."""
+    data = yaml.safe_load(GPU_7B.read_text())
+    data["spec"]["model"]["preset"] = "70b"
+    data["spec"]["nodes"] = 8
+    data["spec"]["training"]["microBatchSize"] = 1
+    data["spec"]["training"]["seqLen"] = 1024
+    data["spec"]["distributed"].pop("tensorParallel", None)
+    data["spec"]["checkpoint"]["volumeClaimTemplate"]["storage"] = "4Ti"
+    path = tmp_path / "70b.yaml"
+    path.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli(capsys, "estimate", path, "--device-memory", "22")
+    assert code == 0, err
+    assert "strategy: auto picks fsdp full_shard + tp 2 + full activation checkpointing\n" in out
+    tried = out.split("cheapest first (device GiB per rank):\n")[1].split("\n\n")[0].splitlines()
+    degrees = [int(m[1]) if (m := re.search(r"\+ tp (\d+) ", line)) else 1 for line in tried]
+    offload = ["CPU offload" in line for line in tried]
+    assert sorted(set(degrees)) == [1, 2, 4, 8]
+    assert offload == sorted(offload), "CPU offload comes after every degree's on-device options"
+    on_device = [d for d, off in zip(degrees, offload) if not off]
+    assert on_device == sorted(on_device), "smallest degree first"

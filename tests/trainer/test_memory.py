@@ -18,10 +18,12 @@ from brain_trainer.parallel.memory import (
     activation_bytes,
     activation_units,
     choose_strategy,
+    plan_ladder,
     plan_memory,
     planned_model,
     resolve_distributed,
     strategy_ladder,
+    tensor_parallel_options,
 )
 from brain_trainer.config.presets import MODEL_PRESETS, param_count, split_block_params, wrap_unit_params
 
@@ -256,7 +258,7 @@ def test_tensor_parallel_divides_the_split_blocks_states_by_tp():
     assert tp.fits(80 * GB)
     hybrid = plan_memory("70b", "fsdp", fsdp_sharding="hybrid_shard", node_size=8, tensor_parallel=8, **shape)
     assert hybrid.shard_size == 1 and hybrid.optimizer_state == 12 * sum(held)  # a node is one tp group: no dp shard
-    assert "(tensor parallel 8)" in tp.summary()
+    assert tp.summary().startswith("fsdp full_shard + tp 8 + full activation checkpointing on 64 rank(s), per rank:")
     assert all(option.strategy == "fsdp" for option in strategy_ladder(64, tensor_parallel=8))
 
 
@@ -291,3 +293,39 @@ def test_auto_under_tensor_parallelism_walks_the_fsdp_ladder():
     gpu = resolve_distributed(cfg, 64, 80 * GB)
     assert (gpu.strategy, gpu.fsdp_sharding, gpu.activation_checkpointing) == ("fsdp", "full_shard", "full")
     assert resolve_distributed(cfg, 64, None).strategy == "fsdp"  # CPU: the one strategy tp composes with
+
+
+def test_auto_picks_the_smallest_tensor_parallel_that_fits_when_the_job_leaves_it_unset():
+    """70b on 8 nodes x 8 GPUs of 22 GiB at 1024 tokens: no tp1 option fits on the device (full_shard gathers whole
+    0.9B-parameter blocks), tp2 full_shard + checkpointing does. The trainer runs what the planner picked, with the
+    global batch the job names at tp1 (accumulation x tp); a job that sets tensorParallel keeps it."""
+    job = {"model": {"preset": "70b"}, "training": {"micro_batch_size": 1, "seq_len": 1024},
+           "distributed": {"strategy": "auto", "mixed_precision_policy": "bf16", "gradient_accumulation_steps": 4}}
+    cfg = TrainerConfig.from_dict(job)
+    assert cfg.distributed.tensor_parallel is None and cfg.distributed.tp == 1
+    memory = 22 * GIB
+    tp1 = plan_ladder("70b", world_size=64, precision="bf16", seq_len=1024)
+    assert not any(plan.fits(memory) for option, plan in tp1 if not option.cpu_offload)
+    picked = resolve_distributed(cfg, 64, memory, ranks_per_node=8)
+    assert (picked.strategy, picked.fsdp_sharding, picked.activation_checkpointing, picked.cpu_offload) == (
+        "fsdp", "full_shard", "full", False)
+    assert (picked.tensor_parallel, picked.gradient_accumulation_steps) == (2, 8)
+    assert replace(cfg, distributed=picked).effective_batch_size(64) == cfg.effective_batch_size(64) == 1 * 4 * 64
+
+    global_batch = TrainerConfig.from_dict({**job, "training": {**job["training"], "global_batch_size": 256},
+                                            "distributed": {**job["distributed"], "gradient_accumulation_steps": 1}})
+    picked = resolve_distributed(global_batch, 64, memory, ranks_per_node=8)
+    assert (picked.tensor_parallel, picked.gradient_accumulation_steps) == (2, 1)
+    assert replace(global_batch, distributed=picked).accumulation_steps(64) == 256 // 32
+
+    # tp stays 1 where the job sets it, where the node is unknown, and on CPUs (no device memory to plan against)
+    set_to_one = TrainerConfig.from_dict({**job, "distributed": {**job["distributed"], "tensor_parallel": 1}})
+    assert resolve_distributed(set_to_one, 64, memory, ranks_per_node=8).cpu_offload  # the last resort, at tp1
+    assert resolve_distributed(cfg, 64, memory).tensor_parallel == 1
+    assert resolve_distributed(cfg, 64, None, ranks_per_node=8).tensor_parallel == 1
+
+
+def test_tensor_parallel_options_stay_in_a_node_and_split_whole_heads():
+    assert tensor_parallel_options("70b", 8) == [1, 2, 4, 8]
+    assert tensor_parallel_options("minimal", 8) == [1, 2]  # 2 heads: a third of a head is no head
+    assert tensor_parallel_options("7b", 6) == [1, 2]  # 32 heads: 3 and 6 divide the node, not the heads

@@ -312,7 +312,7 @@ class JobSpec(TrainerSections):
         yield from spread
         gbs = self.training.global_batch_size
         if gbs is not None and not spread:
-            tp = self.distributed.tensor_parallel
+            tp = self.distributed.tp
             # Stops at the first bad size: few consecutive sizes can all divide one batch.
             for n in range(low, high + 1):
                 per_step = self.training.micro_batch_size * self.nproc_per_node * n // tp

@@ -154,18 +154,24 @@ class DistributedConfig:
         "long, else the job fails as network-error naming the ranks missing; 0: no preflight"
     )
 
-    tensor_parallel: int = setting(
-        1, minimum=1, help="ranks that split each reasoning and decision block's matmuls (attention heads, gated-MLP "
-        "width); must divide nprocPerNode; data parallelism gets the rest: world size / tensorParallel"
+    tensor_parallel: Optional[int] = setting(
+        None, minimum=1, help="ranks that split each reasoning and decision block's matmuls (attention heads, gated-MLP "
+        "width); must divide nprocPerNode; data parallelism gets the rest: world size / tensorParallel; unset: 1, "
+        "or under strategy auto the smallest that fits the device memory"
     )
+
+    @property
+    def tp(self) -> int:
+        """The tensor-parallel degree: tensor_parallel, 1 when unset (auto's choice comes back set)."""
+        return self.tensor_parallel or 1
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.node_rank >= self.num_nodes:
             yield "node_rank", f"must be < {name('num_nodes')} ({self.num_nodes}), got {self.node_rank}"
-        if self.tensor_parallel > 1 and self.strategy not in TP_STRATEGIES:
+        if self.tp > 1 and self.strategy not in TP_STRATEGIES:
             yield (
                 "tensor_parallel",
-                f"{self.tensor_parallel} needs {name('strategy')} fsdp or auto (FSDP2 shards the data-parallel "
+                f"{self.tp} needs {name('strategy')} fsdp or auto (FSDP2 shards the data-parallel "
                 f"dimension), got {self.strategy}",
             )
 
@@ -347,7 +353,7 @@ class TrainerSections:
                 "training.eval_interval",
                 f"evaluates on a token dataset's validation split: needs {name('data.source')} tokens, got {self.data.source}",
             )
-        tp = self.distributed.tensor_parallel
+        tp = self.distributed.tp
         if self.model.entrypoint is None and tp > 1:
             model = MODEL_PRESETS[self.model.preset]
             if model.n_heads % tp:
@@ -374,7 +380,7 @@ class TrainerConfig(TrainerSections):
 
     def data_parallel(self, world_size: int) -> int:
         """Ranks reading different batches: the tensor-parallel ranks of a group read the same one."""
-        return max(world_size // self.distributed.tensor_parallel, 1)
+        return max(world_size // self.distributed.tp, 1)
 
     def accumulation_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step at this world size."""

@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -144,8 +144,10 @@ def optimizer_kernels(device: torch.device, layout: Layout) -> dict[str, bool | 
 
 
 def resolve_strategy(cfg: TrainerConfig, world_size: int, device: torch.device) -> DistributedConfig:
-    """The distributed settings with `strategy: auto` replaced by the planner's choice."""
-    resolved = resolve_distributed(cfg, world_size, device_memory_bytes(device))
+    """The distributed settings with `strategy: auto` replaced by the planner's choice (tensor parallelism, when the
+    job leaves it unset, within this node's ranks)."""
+    resolved = resolve_distributed(cfg, world_size, device_memory_bytes(device),
+                                   env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size))
     if resolved.strategy == "single" and world_size > 1:
         raise ConfigError(
             [FieldError("distributed.strategy", f"single trains one process, but the world size is {world_size}; use ddp or fsdp")]
@@ -257,8 +259,10 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     """Model, optimizer, schedule, checkpoints (restored), preemption, data: everything the loop drives."""
     cfg, training = run.config, run.config.training
     dist_cfg = resolve_strategy(cfg, world_size, device)
+    # the batch arithmetic follows the resolved layout (auto's tensor parallelism and its accumulation)
+    batch = replace(cfg, distributed=dist_cfg)
     layout = build_layout(dist_cfg, world_size, env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size))
-    global_batch = cfg.effective_batch_size(world_size)
+    global_batch = batch.effective_batch_size(world_size)
     wrapper, model, source = build_and_wrap(cfg, dist_cfg, rank, world_size, device)
     reporter.init_memory([r.as_dict() for r in gather_init_memory(model, device, rank)])
 
@@ -272,7 +276,7 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     schedule = WarmupCosine.from_config(training)
     scheduler = LambdaLR(optimizer, schedule)
     scaler = GradScaler("cuda") if dist_cfg.mixed_precision_policy == "fp16" and device.type == "cuda" else None
-    accumulator = GradientAccumulator(cfg.accumulation_steps(world_size), scaler, model=model,
+    accumulator = GradientAccumulator(batch.accumulation_steps(world_size), scaler, model=model,
                                       max_grad_norm=training.grad_clip)
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
     parameters = sum(p.numel() for p in model.parameters())
@@ -312,7 +316,7 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
             "training %s with %s on %d rank(s) (tensor parallel %d), %s: micro-batch %d x %d accumulation x %d "
             "data-parallel ranks = %d sequences/step, from step %d",
             preset, dist_cfg.strategy, world_size, layout.tp, device.type,
-            training.micro_batch_size, cfg.accumulation_steps(world_size), layout.dp, global_batch, state.step,
+            training.micro_batch_size, batch.accumulation_steps(world_size), layout.dp, global_batch, state.step,
         )
         log.info("model FLOPs per token: %.3g at sequence length %d (6 x parameters: %.3g)", flops_per_token,
                  training.seq_len, six_n_flops_per_token(parameters))

@@ -103,7 +103,7 @@ def sharding_policy(
     config: DistributedConfig, units: tuple[str, ...], world_size: int, local_world_size: int,
     checkpointed: tuple[str, ...] = (),
 ) -> ShardingPolicy:
-    tp = config.tensor_parallel
+    tp = config.tp
     # FSDP2 shards over the data-parallel ranks: the mesh without its tp dimension
     shape, dim_names = mesh_shape(config.fsdp_sharding, world_size // tp, max(local_world_size // tp, 1))
     return ShardingPolicy(

@@ -46,7 +46,7 @@ def spread_problems(distributed: DistributedConfig, ranks_per_node: int, ranks_p
 
     Every world of whole nodes then divides too, so an elastic range keeps the
     layout valid at every size within it."""
-    tp = distributed.tensor_parallel
+    tp = distributed.tp
     if ranks_per_node % tp:
         yield (
             "distributed.tensor_parallel",
@@ -57,9 +57,8 @@ def spread_problems(distributed: DistributedConfig, ranks_per_node: int, ranks_p
 def build_layout(distributed: DistributedConfig, world_size: int, local_world_size: int) -> Layout:
     """The layout of this run's world; ConfigError naming the field when it cannot be built."""
     problems = list(spread_problems(distributed, local_world_size, "LOCAL_WORLD_SIZE", str))
-    if not problems and world_size % distributed.tensor_parallel:
-        problems.append(("distributed.tensor_parallel",
-                         f"{distributed.tensor_parallel} does not divide the world size {world_size}"))
+    if not problems and world_size % distributed.tp:
+        problems.append(("distributed.tensor_parallel", f"{distributed.tp} does not divide the world size {world_size}"))
     if problems:
         raise ConfigError([FieldError(path, message) for path, message in problems])
-    return Layout(world_size=world_size, tp=distributed.tensor_parallel)
+    return Layout(world_size=world_size, tp=distributed.tp)

@@ -82,10 +82,13 @@ class StrategyChoice:
     fsdp_sharding: str = "full_shard"
     activation_checkpointing: str = "none"  # none, full or selective
     cpu_offload: bool = False
+    tensor_parallel: int = 1  # ranks splitting each reasoning/decision block (fsdp only)
 
     def __str__(self) -> str:
         words = [self.strategy] + ([self.fsdp_sharding] if self.strategy == "fsdp" else [])
         text = " ".join(words)
+        if self.tensor_parallel > 1:
+            text += f" + tp {self.tensor_parallel}"
         if self.activation_checkpointing != "none":
             text += f" + {self.activation_checkpointing} activation checkpointing"
         if self.cpu_offload:
@@ -133,8 +136,7 @@ class MemoryPlan:
         ]
         if self.host:
             rows.append(("host (offloaded)", self.host))
-        split = f" (tensor parallel {self.tensor_parallel})" if self.tensor_parallel > 1 else ""
-        return "\n".join([f"{self.choice}{split} on {self.world_size} rank(s), per rank:", *gib_rows(rows)])
+        return "\n".join([f"{self.choice} on {self.world_size} rank(s), per rank:", *gib_rows(rows)])
 
 
 class InsufficientMemoryError(ConfigError):
@@ -319,7 +321,7 @@ def plan_memory(
         host, params, grads, optim = params + grads + optim, 0, 0, 0
 
     return MemoryPlan(
-        choice=StrategyChoice(strategy, fsdp_sharding, activation_checkpointing, cpu_offload),
+        choice=StrategyChoice(strategy, fsdp_sharding, activation_checkpointing, cpu_offload, tensor_parallel),
         world_size=world_size,
         shard_size=shard,
         parameters=params + gathered_params,
@@ -362,10 +364,19 @@ def strategy_ladder(
                 activation_checkpointing if option.activation_checkpointing == "none" else option.activation_checkpointing
             ),
             cpu_offload=option.cpu_offload or cpu_offload,
+            tensor_parallel=tensor_parallel,
         )
         if option not in out:
             out.append(option)
     return out
+
+
+def tensor_parallel_options(model: BrainAIConfig | str, ranks_per_node: int) -> list[int]:
+    """The tensor-parallel degrees `strategy: auto` may pick, smallest first: the divisors of a node's ranks (a tp
+    group stays in a node) that divide the model's attention heads and gated-MLP width (whole heads per rank)."""
+    cfg = _model_config(model)
+    return [tp for tp in range(1, ranks_per_node + 1)
+            if ranks_per_node % tp == 0 and cfg.n_heads % tp == 0 and cfg.ffn_hidden % tp == 0]
 
 
 def plan_ladder(
@@ -379,29 +390,30 @@ def plan_ladder(
     activation_checkpointing_every: int = 2,
     cpu_offload: bool = False,
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
-    tensor_parallel: int = 1,
+    tensor_parallel: Optional[int] = 1,
+    ranks_per_node: Optional[int] = None,
 ) -> list[tuple[StrategyChoice, MemoryPlan]]:
-    """Every option of `strategy_ladder`, cheapest first, with its per-rank plan."""
-    return [
-        (
-            option,
-            plan_memory(
-                model,
-                option.strategy,
-                fsdp_sharding=option.fsdp_sharding,
-                precision=precision,
-                micro_batch_size=micro_batch_size,
-                seq_len=seq_len,
-                world_size=world_size,
-                activation_checkpointing=option.activation_checkpointing,
-                activation_checkpointing_every=activation_checkpointing_every,
-                cpu_offload=option.cpu_offload,
-                overhead_bytes=overhead_bytes,
-                tensor_parallel=tensor_parallel,
-            ),
-        )
-        for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload, tensor_parallel)
+    """The options `strategy: auto` tries, cheapest first, each with its per-rank plan.
+
+    A set tensor_parallel: every option of `strategy_ladder` at that degree. None (the job leaves it unset): every
+    degree of `tensor_parallel_options` for nodes of `ranks_per_node` ranks (unknown: 1 only), smallest first, each
+    with the options that keep the states on the device; then the CPU-offload options, smallest degree first (a tp
+    group's all-reduces inside a node cost less than moving every state over PCIe each step).
+    """
+    shape = dict(precision=precision, micro_batch_size=micro_batch_size, seq_len=seq_len, world_size=world_size,
+                 activation_checkpointing_every=activation_checkpointing_every, overhead_bytes=overhead_bytes)
+    degrees = [1 if tensor_parallel is None else tensor_parallel]
+    if tensor_parallel is None and ranks_per_node:
+        degrees = [tp for tp in tensor_parallel_options(model, ranks_per_node) if world_size % tp == 0]
+    ladder = [
+        (option, plan_memory(model, option.strategy, fsdp_sharding=option.fsdp_sharding,
+                             activation_checkpointing=option.activation_checkpointing, cpu_offload=option.cpu_offload,
+                             tensor_parallel=tp, **shape))
+        for tp in degrees
+        for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload, tp)
     ]
+    # stable: keeps the degrees' order, and each ladder's (where offload already comes last)
+    return sorted(ladder, key=lambda entry: entry[0].cpu_offload and not cpu_offload)
 
 
 def first_fit(
@@ -428,9 +440,10 @@ def choose_strategy(
     activation_checkpointing_every: int = 2,
     cpu_offload: bool = False,
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
-    tensor_parallel: int = 1,
+    tensor_parallel: Optional[int] = 1,
+    ranks_per_node: Optional[int] = None,
 ) -> tuple[StrategyChoice, MemoryPlan]:
-    """The first option of `strategy_ladder` whose plan fits in device_memory_bytes per rank.
+    """The first option of `plan_ladder` whose plan fits in device_memory_bytes per rank.
 
     Raises InsufficientMemoryError (a ConfigError) saying how many GiB per
     rank the last, smallest option lacks.
@@ -446,27 +459,32 @@ def choose_strategy(
         cpu_offload=cpu_offload,
         overhead_bytes=overhead_bytes,
         tensor_parallel=tensor_parallel,
+        ranks_per_node=ranks_per_node,
     )
     return first_fit(ladder, device_memory_bytes, model)
 
 
-def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes: Optional[int]) -> DistributedConfig:
+def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes: Optional[int],
+                        ranks_per_node: Optional[int] = None) -> DistributedConfig:
     """cfg.distributed with `strategy: auto` made concrete; other strategies come back unchanged.
 
     auto starts from the preset's recommendations (`TrainerConfig.resolved`). One rank -> single; unknown device
     memory (CPU) or a user entrypoint (whose size the planner cannot know without torch) -> ddp, or fsdp under
     tensor parallelism (the one strategy it composes with, layout.py); otherwise the planner's cheapest fit for
     the preset (among fsdp's options under tensor parallelism), with training.micro_batch_size, training.seq_len,
-    distributed.mixed_precision_policy and distributed.tensor_parallel.
+    distributed.mixed_precision_policy and distributed.tensor_parallel. A job that leaves tensor_parallel unset lets
+    the planner pick the smallest degree that fits in nodes of `ranks_per_node` ranks (`plan_ladder`); a picked
+    degree above 1 multiplies gradient_accumulation_steps by it when training.global_batch_size is unset, so the
+    global batch stays the one the job names at every degree (what the operator reports).
     """
     if cfg.distributed.strategy != "auto":
         return cfg.distributed
     dist = cfg.resolved().distributed
-    tp = dist.tensor_parallel
+    tp = dist.tp
     if world_size == 1 and tp == 1:
-        return replace(dist, strategy="single")
+        return replace(dist, strategy="single", tensor_parallel=1)
     if device_memory_bytes is None or cfg.model.entrypoint:
-        return replace(dist, strategy="fsdp" if tp > 1 else "ddp")
+        return replace(dist, strategy="fsdp" if tp > 1 else "ddp", tensor_parallel=tp)
     choice, _ = choose_strategy(
         planned_model(cfg.model),
         world_size=world_size,
@@ -477,14 +495,20 @@ def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes
         activation_checkpointing=dist.activation_checkpointing,
         activation_checkpointing_every=dist.activation_checkpointing_every,
         cpu_offload=dist.cpu_offload,
-        tensor_parallel=tp,
+        tensor_parallel=dist.tensor_parallel,
+        ranks_per_node=ranks_per_node,
     )
+    accumulation = dist.gradient_accumulation_steps
+    if dist.tensor_parallel is None and cfg.training.global_batch_size is None:
+        accumulation *= choice.tensor_parallel
     return replace(
         dist,
         strategy=choice.strategy,
         fsdp_sharding=choice.fsdp_sharding if choice.strategy == "fsdp" else dist.fsdp_sharding,
         activation_checkpointing=choice.activation_checkpointing,
         cpu_offload=choice.cpu_offload,
+        tensor_parallel=choice.tensor_parallel,
+        gradient_accumulation_steps=accumulation,
     )
 
 
@@ -574,7 +598,7 @@ def rank_estimate(cfg: TrainerConfig, dist: DistributedConfig, world_size: int, 
             micro_batch_size=cfg.training.micro_batch_size, seq_len=cfg.training.seq_len, world_size=world_size,
             activation_checkpointing=dist.activation_checkpointing,
             activation_checkpointing_every=dist.activation_checkpointing_every, cpu_offload=dist.cpu_offload,
-            node_size=node_size, tensor_parallel=dist.tensor_parallel,
+            node_size=node_size, tensor_parallel=dist.tp,
         )
     except ConfigError:
         return None
