@@ -13,15 +13,18 @@ setup: $(DEV_STAMP)
 # pyproject.toml's trainer extra admits every supported torch; development pins the newest
 # (the CPU build on this disk; the Dockerfile's TORCH_VERSION is the same).
 TORCH_PIN := torch==2.13.0
-$(TRAINER_STAMP): pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+$(TRAINER_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[trainer]' '$(TORCH_PIN)'
 	touch $@
 
-$(DEV_STAMP): $(TRAINER_STAMP)
+# One install of both extras (a fresh `make test` resolves once); the trainer's is then installed too.
+$(DEV_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[trainer,dev]' '$(TORCH_PIN)'
-	touch $@
+	touch $@ $(TRAINER_STAMP)
 
 # Prepares the standard library's sources with a BPE it trains (once), then trains and evaluates
 # deploy/examples/local-tokens.yaml on this machine: two local worker pods, CPU, gloo.
