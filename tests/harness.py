@@ -23,6 +23,7 @@ a tensor travels as shared memory that vanishes when its rank exits.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue as queue_module
 import time
@@ -99,3 +100,14 @@ def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0)
                 process.kill()
     assert sorted(collected) == list(range(world_size)), f"missing results: {sorted(collected)}"
     return [collected[r][1] for r in range(world_size)]
+
+
+class LogLines(logging.Handler):
+    """Keeps the messages logged at INFO and above: what a rank saw, for its result (caplog cannot reach a rank)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from harness import run_ranks
+from harness import LogLines, run_ranks
 from safetensors.torch import load_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -49,15 +49,6 @@ def _full_state(model: nn.Module, optim: torch.optim.Optimizer) -> dict:
     """Unsharded model + optimizer state, for comparison only (collective)."""
     msd, osd = get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return copy.deepcopy({"model": msd, "optim": osd})  # AdamW's `step` tensors are live otherwise
-
-
-class _Keep(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def _portable(obj) -> bytes:
@@ -101,7 +92,7 @@ def save_at_two(rank: int, world_size: int, root: str) -> dict:
 def load_elsewhere(rank: int, world_size: int, root: str, damage: str) -> bytes:
     """Resume at this world size; then damage the newest checkpoint and resume again."""
     logger = logging.getLogger("brain_trainer.checkpoint")
-    keep = _Keep()
+    keep = LogLines()
     logger.addHandler(keep)
     logger.setLevel(logging.INFO)
     try:

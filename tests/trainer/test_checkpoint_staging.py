@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from harness import run_ranks
+from harness import LogLines, run_ranks
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -64,21 +64,12 @@ def _full(model: nn.Module, optim: torch.optim.Optimizer) -> bytes:
     return out.getvalue()
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def train_and_save(rank: int, world_size: int, root: str) -> dict:
     """SAVES asynchronous saves and the final one under the emulated 2.11 stager; each committed state, then each
     checkpoint loaded back into a fresh model, as full state dicts."""
     with pytest.MonkeyPatch.context() as patch:
         emulate_torch_2_11(patch)
-        lines = _Lines()
+        lines = LogLines()
         logging.getLogger("brain_trainer.checkpoint").addHandler(lines)
         logging.getLogger("brain_trainer.checkpoint").setLevel(logging.INFO)
         model, optim = _model_and_optim()
@@ -107,7 +98,7 @@ def train_and_save(rank: int, world_size: int, root: str) -> dict:
             load_model(Path(root) / store.step_dir_name(step), fresh, fresh_optim)
             loaded[step] = _full(fresh, fresh_optim)
         tensors = sum(1 for value in state.state_dict().values() for _ in _leaves(value))
-        return {"saved": saved, "loaded": loaded, "counts": counts, "tensors": tensors, "lines": lines.lines}
+        return {"saved": saved, "loaded": loaded, "counts": counts, "tensors": tensors, "lines": lines.messages}
 
 
 def _leaves(value):
