@@ -12,7 +12,6 @@ worker 0 comes up both train to the end.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from processes import start
 from brain_operator.local_plan import LocalWorker, plan_local, process_env
 from brain_operator.render import render_elastic
 from brain_operator.spec import parse_job
+from brain_trainer.parallel.launcher import held_port
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -48,12 +48,6 @@ def manifest(startup_seconds: float) -> dict:
             "watchdog": {"startupSeconds": startup_seconds},
         },
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agents(tmp: Path, startup_seconds: float, port: int) -> list[LocalWorker]:
@@ -87,22 +81,23 @@ def until(child, text: str) -> None:
 
 
 def test_a_worker_0_started_late_still_trains(tmp_path):
-    port = free_port()
-    zero, one = agents(tmp_path / "job", WAITING_SECONDS, port)
-    assert one.env["PET_RDZV_CONF"] == f"is_host=0,join_timeout={WAITING_SECONDS},read_timeout={WAITING_SECONDS}"
-    _, control = agents(tmp_path / "control", SHORT_SECONDS, free_port())
+    # Held, not listening, until the test ends: worker 0's store binds the job's port; the control's stays closed.
+    with held_port() as port, held_port() as control_port:
+        zero, one = agents(tmp_path / "job", WAITING_SECONDS, port)
+        assert one.env["PET_RDZV_CONF"] == f"is_host=0,join_timeout={WAITING_SECONDS},read_timeout={WAITING_SECONDS}"
+        _, control = agents(tmp_path / "control", SHORT_SECONDS, control_port)
 
-    with spawn(one, tmp_path / "job", 360) as waiting:
-        # torchrun prints its launch configuration, then blocks connecting to worker 0's store.
-        until(waiting, f"'read_timeout': '{WAITING_SECONDS}'")
-        with spawn(control, tmp_path / "control", 120) as gave_up:
-            assert gave_up.wait() != 0
-        assert "client socket has timed out" in gave_up.output or "RendezvousConnectionError" in gave_up.output
-        assert waiting.poll() is None, waiting.output[-3000:]
+        with spawn(one, tmp_path / "job", 360) as waiting:
+            # torchrun prints its launch configuration, then blocks connecting to worker 0's store.
+            until(waiting, f"'read_timeout': '{WAITING_SECONDS}'")
+            with spawn(control, tmp_path / "control", 120) as gave_up:
+                assert gave_up.wait() != 0
+            assert "client socket has timed out" in gave_up.output or "RendezvousConnectionError" in gave_up.output
+            assert waiting.poll() is None, waiting.output[-3000:]
 
-        with spawn(zero, tmp_path / "job", 300) as host:
-            assert host.wait() == 0, host.output[-3000:]
-        assert waiting.wait() == 0, waiting.output[-3000:]
+            with spawn(zero, tmp_path / "job", 300) as host:
+                assert host.wait() == 0, host.output[-3000:]
+            assert waiting.wait() == 0, waiting.output[-3000:]
     # Trained: rank 0's progress document reached the last step.
     progress = yaml.safe_load((tmp_path / "job" / "progress.json").read_text())
     assert progress["step"] == 4
