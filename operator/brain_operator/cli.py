@@ -127,7 +127,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         from brain_trainer.resilience.doctor import doctor
     except ImportError as exc:
         raise CliError(f"doctor needs the trainer extra (pip install 'brain-train[trainer]'): {exc}") from None
-    job = parse_job(load_manifest(args.file), require_image=False, defaults=OperatorDefaults.from_env())
+    job = parse_job(job_manifest(args), require_image=False, defaults=OperatorDefaults.from_env())
     return doctor(job.spec.distributed, max(2, job.spec.nproc_per_node))
 
 

@@ -73,3 +73,11 @@ def test_doctor_prints_the_variables_the_backend_the_devices_and_a_timed_all_red
     assert "  NCCL_SOCKET_IFNAME=eth0" in out and "backend: gloo (distributed.backend: gloo)" in out
     assert out[out.index("devices:") + 1].startswith("  cpu") or out[out.index("devices:") + 1].startswith("  cuda")
     assert out[-1].startswith("preflight (2 processes, gloo, within 60 s): all-reduce ") and " ms, barrier " in out[-1]
+
+
+def test_doctor_reads_the_job_with_its_overrides(capsys):
+    from brain_operator.cli import main
+
+    example = os.path.join(HERE, "..", "..", "deploy", "examples", "local-minimal.yaml")
+    assert main(["doctor", example, "--set", "nodes=0"]) == 1
+    assert "spec.nodes: must be >= 1, got 0 (--set nodes=0)" in capsys.readouterr().err
