@@ -11,7 +11,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 setup: $(DEV_STAMP)
 
 # pyproject.toml's trainer extra admits every supported torch; development pins the newest
-# (the CPU build on this disk; the Dockerfile's TORCH_VERSION is the same).
+# (the CPU build on this disk; requirements/torch-<flavour>.lock pin the same for the image).
 TORCH_PIN := torch==2.13.0
 $(PY):
 	$(PYTHON) -m venv $(VENV)
