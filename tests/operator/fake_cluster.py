@@ -152,7 +152,8 @@ class Watch:
     create may not see the pod yet, and a deleted pod may still be listed.
     `tick()` starts a pass; each job's children are then read as they were
     `lag` passes before (nothing before its first), trimmed to what the
-    indexes keep (children.observed_child).
+    indexes keep (children.observed_child). Upstream, kopf's @kopf.index is fed by the
+    watch stream's events (kopf/_core/reactor/processing.py, _core/engines/indexing.py).
     """
 
     def __init__(self, cluster: "FakeCluster", lag: int = 0) -> None:
@@ -317,6 +318,7 @@ class FakeCluster:
         self._delete(ref, grace)
 
     def patch(self, ref: ObjectRef, body: Mapping[str, Any]) -> None:
+        """A JSON merge patch (RFC 7386; apiserver staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go)."""
         self.objects[ref] = self._stamp(merge_patch(self.objects[ref], body))
         self.writes.append(("patch", ref))
         self._finalized(ref)
@@ -400,7 +402,8 @@ class FakeCluster:
 
     def admit(self, namespace: str = "default") -> None:
         """Kueue's scheduler admits every active Workload of the namespace (quota reserved, admitted), after its
-        controllers made the missing ones; they then ungate the pods and unsuspend the PyTorchJobs (`kueue_sync`)."""
+        controllers made the missing ones; they then ungate the pods and unsuspend the PyTorchJobs (`kueue_sync`)
+        (kueue pkg/scheduler/scheduler.go admit; pkg/workload/admissionchecks.go SyncAdmittedCondition)."""
         self.kueue_sync(namespace)
         for ref, obj in sorted(self.objects.items()):
             if (ref.api_version, ref.kind) == WORKLOAD and ref.namespace == namespace and _active(obj) \
@@ -497,10 +500,7 @@ class FakeCluster:
             # Deactivated: the workload controller evicts it (WorkloadDeactivated), and the job reconciler's
             # "handle eviction" stops the group: Stop deletes each pod not already ended, gated or deleted, and
             # leaves every finalizer on (pod_controller.go Stop finalizes only for a deleted Workload); quota freed.
-            _set_workload_condition(wl, "Evicted", True, "Deactivated", "The workload is deactivated")
-            _set_workload_condition(wl, QUOTA_RESERVED, False, "Pending", "The workload is deactivated")
-            _set_workload_condition(wl, "Admitted", False, "Pending", "The workload is deactivated")
-            self._stamp(wl)
+            self._evict_workload(wl, "Deactivated", "The workload is deactivated")
             for ref in refs:
                 pod = self.objects.get(ref)
                 if pod is not None and not pod["metadata"].get("deletionTimestamp") and not _finished(pod) \
@@ -522,10 +522,8 @@ class FakeCluster:
         already ended, gated or deleted gets TerminationTarget and a delete, and keeps its finalizer
         (pkg/scheduler/preemption/preemption.go; reconciler.go stopJob; pod_controller.go Stop)."""
         wl = self.objects[ObjectRef(*WORKLOAD, namespace, group)]
-        _set_workload_condition(wl, "Evicted", True, "Preempted", "Preempted to accommodate a higher priority Workload")
-        _set_workload_condition(wl, QUOTA_RESERVED, False, "Pending", "Preempted to accommodate a higher priority Workload")
-        _set_workload_condition(wl, "Admitted", False, "Pending", "Preempted")
-        self._stamp(wl)
+        self._evict_workload(wl, "Preempted", "Preempted to accommodate a higher priority Workload",
+                             admitted_message="Preempted")
         for ref in self._group_pods(namespace, group):
             pod = self.objects[ref]
             if pod["metadata"].get("deletionTimestamp") or _finished(pod) or gated_by_kueue(pod):
@@ -534,6 +532,14 @@ class FakeCluster:
                 "type": "TerminationTarget", "status": "True", "reason": "WorkloadEvicted",
                 "message": "Preempted to accommodate a higher priority Workload", "lastTransitionTime": format_time(self.now)})
             self._delete(ref, None)
+
+    def _evict_workload(self, wl: dict, reason: str, message: str, *, admitted_message: Optional[str] = None) -> None:
+        """The Workload evicted: Evicted=True (`reason`), its quota released (QuotaReserved=False, Admitted=False,
+        reason Pending) (pkg/workload/workload.go SetEvictedCondition, UnsetQuotaReservationWithCondition)."""
+        _set_workload_condition(wl, "Evicted", True, reason, message)
+        _set_workload_condition(wl, QUOTA_RESERVED, False, "Pending", message)
+        _set_workload_condition(wl, "Admitted", False, "Pending", admitted_message if admitted_message is not None else message)
+        self._stamp(wl)
 
     def _group_finished(self, pods: list[dict]) -> bool:
         if not pods:
@@ -563,10 +569,7 @@ class FakeCluster:
         wl = self.objects[found[0]]
         run_policy = job["spec"].setdefault("runPolicy", {})
         if not _active(wl):
-            _set_workload_condition(wl, "Evicted", True, "Deactivated", "The workload is deactivated")
-            _set_workload_condition(wl, QUOTA_RESERVED, False, "Pending", "The workload is deactivated")
-            _set_workload_condition(wl, "Admitted", False, "Pending", "The workload is deactivated")
-            self._stamp(wl)
+            self._evict_workload(wl, "Deactivated", "The workload is deactivated")
             if not run_policy.get("suspend"):
                 run_policy["suspend"] = True
                 self._stamp(job)
@@ -593,7 +596,8 @@ class FakeCluster:
             self._children.setdefault((ref.api_version, ref.kind, ref.namespace, job_name), set()).add(ref)
 
     def delete_job(self, name: str, namespace: str = "default") -> dict:
-        """kubectl delete btj: the job goes (it carries no finalizer); what it owns stays until `collect_garbage`."""
+        """kubectl delete btj: the job goes (it carries no finalizer: handlers.py registers @kopf.on.delete with
+        optional=True); what it owns stays until `collect_garbage`."""
         ref = ObjectRef(API_VERSION, KIND, namespace, name)
         job = copy.deepcopy(self.objects[ref])
         self._remove(ref)
@@ -779,21 +783,29 @@ class FakeCluster:
                 self._delete(ref, None)
 
     def delete_node(self, node: str) -> None:
-        """The Node object is deleted: PodGC force-deletes its pods (gc_controller.go gcOrphaned)."""
-        self._pod_gc(node)
+        """The Node object is deleted: PodGC force-deletes every pod bound to it, DisruptionTarget DeletionByPodGC
+        (gc_controller.go gcOrphaned)."""
+        self.lost_nodes.discard(node)
+        self._pod_gc(node, disruption_target("DeletionByPodGC", "PodGC: node no longer exists", self.now),
+                     terminating_only=False)
 
     def out_of_service(self, node: str) -> None:
-        """An admin taints the node node.kubernetes.io/out-of-service: PodGC force-deletes its Terminating pods
-        (gc_controller.go gcTerminating)."""
-        self._pod_gc(node)
+        """An admin taints the node node.kubernetes.io/out-of-service: PodGC force-deletes only its Terminating
+        pods (those with a deletionTimestamp), adding no condition (gc_controller.go gcTerminating,
+        markFailedAndDeletePod); the node stays NotReady, its other pods stay."""
+        self._pod_gc(node, None, terminating_only=True)
 
-    def _pod_gc(self, node: str) -> None:
-        """PodGC marks each pod Failed with DisruptionTarget DeletionByPodGC and deletes it with grace 0
-        (pkg/controller/podgc/gc_controller.go, markFailedAndDeletePodWithCondition); a finalizer still holds it."""
-        self.lost_nodes.discard(node)
+    def _pod_gc(self, node: str, condition: Optional[dict], *, terminating_only: bool) -> None:
+        """PodGC marks each pod not already Succeeded or Failed as Failed (with `condition`, if any) and deletes it
+        with grace 0 (pkg/controller/podgc/gc_controller.go markFailedAndDeletePodWithCondition); a finalizer still
+        holds it."""
         for ref, pod in sorted(self.objects.items()):
-            if ref.kind == "Pod" and pod["spec"].get("nodeName") == node:
+            if ref.kind != "Pod" or pod["spec"].get("nodeName") != node:
+                continue
+            if terminating_only and not pod["metadata"].get("deletionTimestamp"):
+                continue
+            if pod["status"].get("phase") not in ("Succeeded", "Failed"):
                 pod["status"]["phase"] = "Failed"
-                pod["status"].setdefault("conditions", []).append(
-                    disruption_target("DeletionByPodGC", "PodGC: node no longer exists", self.now))
-                self._delete(ref, 0)
+                if condition is not None:
+                    pod["status"].setdefault("conditions", []).append(dict(condition))
+            self._delete(ref, 0)
