@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from .failure_policy import consequence, explain
-from .job_status import CREATE_REFUSED, FAILED, RESTARTING, VALID, WORKERS_READY, Condition, JobStatus
+from .failure_policy import WorkerFailure, consequence, explain
+from .job_status import CREATE_REFUSED, FAILED, RESTARTING, VALID, WORKERS_READY, JobStatus
 from .pods import disruption_condition, terminated_states
 from .spec.model import FailurePolicySpec
 
@@ -47,22 +47,23 @@ def pod_exit(pod: Mapping[str, Any]) -> PodExit:
     return PodExit(reason=reason, exit_code=terminated.get("exitCode"))
 
 
-def worker_failure_event(pod: Mapping[str, Any], policy: FailurePolicySpec) -> Event:
+def _ended(pod: Mapping[str, Any], policy: FailurePolicySpec) -> tuple[WorkerFailure, str]:
+    """The failure as `policy` judges it, and the text both worker events open with: how the pod ended."""
     ended, failure = pod_exit(pod), explain(pod, policy)
     code = "no exit code" if ended.exit_code is None else f"exit code {ended.exit_code}"
-    return Event(WARNING, "WorkerFailed",
-                 f"worker pod {failure.pod} ended with {ended.reason} ({code}): {failure.reason}: {failure.line}; "
-                 f"{consequence(failure)}")
+    return failure, f"worker pod {failure.pod} ended with {ended.reason} ({code}): {failure.reason}: {failure.line}; "
+
+
+def worker_failure_event(pod: Mapping[str, Any], policy: FailurePolicySpec) -> Event:
+    failure, text = _ended(pod, policy)
+    return Event(WARNING, "WorkerFailed", f"{text}{consequence(failure)}")
 
 
 def worker_exit_event(pod: Mapping[str, Any], policy: FailurePolicySpec, why: str) -> Event:
     """A worker that ended because of an incident already counted (`why`: after whose failure), or while a peer it
     needs is not there: replaced, not counted (incidents.py)."""
-    ended, failure = pod_exit(pod), explain(pod, policy)
-    code = "no exit code" if ended.exit_code is None else f"exit code {ended.exit_code}"
-    return Event(NORMAL, "WorkerExited",
-                 f"worker pod {failure.pod} ended with {ended.reason} ({code}): {failure.reason}: {failure.line}; "
-                 f"{why}: replaced, not counted against runPolicy.backoffLimit")
+    _, text = _ended(pod, policy)
+    return Event(NORMAL, "WorkerExited", f"{text}{why}: replaced, not counted against runPolicy.backoffLimit")
 
 
 def phase_event(previous_phase: Optional[str], phase: Optional[str], message: str = "") -> Optional[Event]:
@@ -107,7 +108,7 @@ def in_pod_restart_event(before: JobStatus, status: JobStatus) -> Optional[Event
 def overlay_refusal_event(before: JobStatus, status: JobStatus) -> Optional[Event]:
     """A Warning naming each overlay field the operator's policy no longer allows, and its setting, once per
     distinct message (status's Valid=False, see status.overlay_refused_status)."""
-    new, old = (next((c for c in s.conditions if c.type == VALID), None) for s in (status, before))
+    new, old = status.find(VALID), before.find(VALID)
     if new is None or new.status != "False" or (old is not None and old.status == "False" and old.message == new.message):
         return None
     return Event(WARNING, new.reason or "", new.message or "")
@@ -129,7 +130,7 @@ _PLAIN_READINESS = ("AllWorkersReady", "WaitingForWorkers")
 def waiting_events(before: JobStatus, status: JobStatus) -> list[Event]:
     """A Warning with the reason and the pods when why the workers wait changes (not on every pass that still
     waits); a Normal WorkersReady when they are all ready after one."""
-    new, old = _workers_ready(status), _workers_ready(before)
+    new, old = status.find(WORKERS_READY), before.find(WORKERS_READY)
     if new is None or (old is not None and (old.status, old.reason, old.message) == (new.status, new.reason,
                                                                                     new.message)):
         return []
@@ -139,7 +140,3 @@ def waiting_events(before: JobStatus, status: JobStatus) -> list[Event]:
     if new.status == "True" and waited:
         return [Event(NORMAL, WORKERS_READY, new.message or "")]
     return []
-
-
-def _workers_ready(status: JobStatus) -> Optional[Condition]:
-    return next((c for c in status.conditions if c.type == WORKERS_READY), None)

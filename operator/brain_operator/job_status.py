@@ -126,6 +126,10 @@ class JobStatus:
         """The condition of type `kind` when it is "True"."""
         return next((c for c in self.conditions if c.type == kind and c.status == "True"), None)
 
+    def find(self, kind: str) -> Optional[Condition]:
+        """The condition of type `kind`, whatever its status."""
+        return next((c for c in self.conditions if c.type == kind), None)
+
 
 def read_status(manifest: Mapping[str, Any]) -> JobStatus:
     return JobStatus.read(manifest.get("status") or {})

@@ -46,7 +46,7 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Seque
 from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
-from .accounting import pod_uid, still_handled, unhandled
+from .accounting import still_handled, unhandled
 from .cluster import ClusterClient, Conflict, ObjectRef, Refused, controller_uid
 from .discovery import ServedApis, missing
 from .events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, overlay_refusal_event,
@@ -507,9 +507,8 @@ def _plan_elastic(
     new = {ObjectRef.of(pod) for pod in unhandled(failed_now, before.handled_failures or ())}
     # A pod deleted for a disruption while it still runs (a lost node, an eviction, a preemption) is never Failed
     # here: its DisruptionTarget is what says it ended.
-    handled = set(before.handled_failures or ())
-    disrupted = [ref for ref, p in pods.items() if ref not in live and not p.finished and is_disruption(existing[ref])
-                 and pod_uid(existing[ref]) not in handled]
+    gone = [existing[ref] for ref, p in pods.items() if ref not in live and not p.finished and is_disruption(existing[ref])]
+    disrupted = [ObjectRef.of(pod) for pod in unhandled(gone, before.handled_failures or ())]
     verdicts: dict[ObjectRef, Verdict] = {}
     incident = before.incident
     regroup: list[ObjectRef] = []

@@ -67,7 +67,7 @@ def stalled_status(watchdog: WatchdogConfig, log_interval: int, status: JobStatu
                    now: datetime) -> tuple[JobStatus, list[Event]]:
     """The new status with its Stalled condition set or cleared (the previous one's, if any, carried over), and
     the event of a change."""
-    old = next((c for c in before.conditions if c.type == STALLED), None)
+    old = before.find(STALLED)
     running = status.condition(RUNNING)
     seen = None
     if status.phase == RUNNING and running is not None:

@@ -207,7 +207,7 @@ def _waiting_reason(before: JobStatus, wait: Optional[Waiting]) -> Optional[str]
     """`status.reason` from why workers wait; a wait that ended clears it, another reason stays."""
     if wait is not None:
         return wait.reason
-    old = next((c for c in before.conditions if c.type == WORKERS_READY), None)
+    old = before.find(WORKERS_READY)
     waited = old is not None and old.status == "False" and old.reason == before.reason
     return None if waited else before.reason
 
@@ -224,9 +224,15 @@ def _workers_ready(before: JobStatus, phase: str, workers: WorkerCounts, wait: O
     else:
         truth, why, text = False, "WaitingForWorkers", f"{workers.ready}/{workers.desired} worker pods ready"
     status = "True" if truth else "False"
-    old = next((c for c in before.conditions if c.type == WORKERS_READY), None)
-    since = old.last_transition_time if old is not None and old.status == status else None
-    return Condition(WORKERS_READY, status, why, text, since or format_time(now))
+    old = before.find(WORKERS_READY)
+    return Condition(WORKERS_READY, status, why, text, _transition_time(old, status, now))
+
+
+def _transition_time(old: Optional[Condition], status: str, now: datetime, fresh: Optional[str] = None) -> str:
+    """A condition's lastTransitionTime: `old`'s while its status is still `status`, else `fresh` (or `now`)."""
+    if old is not None and old.status == status:
+        return old.last_transition_time or format_time(now)
+    return fresh or format_time(now)
 
 
 def invalid_status(before: JobStatus, generation: int, message: str, now: datetime,
@@ -246,18 +252,16 @@ def invalid_status(before: JobStatus, generation: int, message: str, now: dateti
 def overlay_refused_status(status: JobStatus, before: JobStatus, message: str, now: datetime) -> JobStatus:
     """`status` of a job whose running pods' overlay the operator's policy no longer allows: Valid=False
     (OverlayNotAllowed, `message`), since the pass that first said so; the phase stays the pods'."""
-    old = next((c for c in before.conditions if c.type == VALID), None)
-    since = old.last_transition_time if old is not None and old.status == "False" else None
-    valid = Condition(VALID, "False", OVERLAY_NOT_ALLOWED, message, since or format_time(now))
+    old = before.find(VALID)
+    valid = Condition(VALID, "False", OVERLAY_NOT_ALLOWED, message, _transition_time(old, "False", now))
     return replace(status, conditions=[valid if c.type == VALID else c for c in status.conditions])
 
 
 def refused_status(status: JobStatus, message: str, now: datetime) -> JobStatus:
     """`status` with the API server's refusal of a create: CreateRefused=True (FailedCreate, its `message`) and
     `reason`. The phase stays: the job waits for what could not be created."""
-    old = next((c for c in status.conditions if c.type == CREATE_REFUSED), None)
-    since = old.last_transition_time if old is not None and old.status == "True" else None
-    refusal = Condition(CREATE_REFUSED, "True", FAILED_CREATE, message, since or format_time(now))
+    old = status.find(CREATE_REFUSED)
+    refusal = Condition(CREATE_REFUSED, "True", FAILED_CREATE, message, _transition_time(old, "True", now))
     return replace(status, reason=FAILED_CREATE, conditions=[*_without_refusal(status), refusal])
 
 
@@ -403,11 +407,7 @@ def _conditions(
         else:
             truth, why, text = False, phase, ""
         status = "True" if truth else "False"
-        earlier = old.get(kind)
-        if earlier is not None and earlier.status == status:
-            changed_at = earlier.last_transition_time or format_time(now)
-        else:
-            changed_at = (since if truth and kind == phase and since else None) or format_time(now)
+        changed_at = _transition_time(old.get(kind), status, now, since if truth and kind == phase else None)
         out.append(Condition(type=kind, status=status, reason=why, message=text, last_transition_time=changed_at))
     return out
 
