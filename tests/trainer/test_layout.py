@@ -69,3 +69,74 @@ def test_elastic_range_is_checked_at_every_size():
 def test_auto_strategy_with_tp_resolves_to_fsdp():
     config = TrainerConfig.from_dict({"distributed": {"tensor_parallel": 2}})
     assert resolve_distributed(config, 4, None).strategy == "fsdp"
+
+
+def test_pipeline_stages_are_outermost_and_dp_is_what_tp_and_pp_leave():
+    distributed = DistributedConfig(strategy="fsdp", tensor_parallel=2, pipeline_parallel=2)
+    layout = build_layout(distributed, world_size=8, local_world_size=4)
+    assert (layout.pp, layout.dp, layout.tp, layout.stages) == (2, 2, 2, 2)
+    assert [layout.pp_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [layout.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [layout.tp_rank(r) for r in range(8)] == [0, 1] * 4
+    assert TrainerConfig(distributed=distributed).data_parallel(8) == 2
+
+
+def test_trainer_refuses_a_pipeline_that_does_not_divide_the_world():
+    with pytest.raises(ConfigError, match=r"^distributed.pipeline_parallel: distributed.pipeline_parallel x "
+                                          r"distributed.tensor_parallel \(3 x 2\) does not divide the world size 8"):
+        build_layout(DistributedConfig(strategy="fsdp", tensor_parallel=2, pipeline_parallel=3), 8, 4)
+
+
+def test_interleaved_runs_two_stages_per_rank_unless_told_and_others_run_one():
+    assert DistributedConfig(pipeline_schedule="interleaved-1f1b").stages_per_rank == 2
+    assert DistributedConfig(pipeline_schedule="interleaved-1f1b", virtual_stages=3).stages_per_rank == 3
+    assert DistributedConfig().stages_per_rank == 1
+    assert "spec.distributed.virtualStages: 2 stages per rank need pipelineSchedule interleaved-1f1b, got 1f1b" in refusal(
+        {"nprocPerNode": 2, "distributed": {"pipelineParallel": 2, "virtualStages": 2},
+         "training": {"microBatchSize": 1, "globalBatchSize": 4}})
+    assert "spec.distributed.virtualStages: interleaved-1f1b runs several stages per rank: needs >= 2, got 1" in refusal(
+        {"nprocPerNode": 2, "distributed": {"pipelineSchedule": "interleaved-1f1b", "virtualStages": 1}})
+
+
+def test_manifest_refuses_pipelines_the_trainer_could_not_run():
+    assert "spec.distributed.pipelineParallel: 2 needs strategy fsdp or auto" in refusal(
+        {"nprocPerNode": 2, "distributed": {"pipelineParallel": 2, "strategy": "ddp"}})
+    # minimal: encoders, 1 + 1 + 1 stacked blocks, 2 reasoning, 1 decision, meta, heads = 9 units
+    assert "spec.distributed.pipelineParallel: 5 ranks x 2 stages each = 10 stages, more than the minimal preset's 9 " \
+           "blocks" in refusal({"nodes": 5, "nprocPerNode": 1, "distributed": {
+               "pipelineParallel": 5, "pipelineSchedule": "interleaved-1f1b"}})
+    assert "spec.distributed.pipelineParallel: cuts a model.preset's BrainAI at its block boundaries" in refusal(
+        {"nprocPerNode": 2, "model": {"entrypoint": "mypkg.models:build"}, "distributed": {"pipelineParallel": 2}})
+
+
+def test_manifest_refuses_fewer_micro_batches_than_stages_naming_where_they_come_from():
+    spec = {"nodes": 2, "nprocPerNode": 2, "distributed": {"pipelineParallel": 2}}
+    assert "spec.distributed.gradientAccumulationSteps: gives 1 micro-batches per step, fewer than the 2 pipeline " \
+           "stages of distributed.pipelineParallel" in refusal(spec)
+    spec["training"] = {"microBatchSize": 2, "globalBatchSize": 4}  # 2 dp ranks x 2 = 4: one micro-batch
+    assert "spec.training.globalBatchSize: gives 1 micro-batches per step" in refusal(spec)
+    spec["training"]["globalBatchSize"] = 8
+    assert effective_batch_size(parse_job(manifest(spec))) == 8
+    spec["distributed"].update(pipelineSchedule="interleaved-1f1b")
+    spec["training"]["globalBatchSize"] = 12  # 3 micro-batches: not whole rounds of 2
+    assert "spec.training.globalBatchSize: gives 3 micro-batches per step; interleaved-1f1b runs them in rounds of " \
+           "distributed.pipelineParallel (2): use a multiple at 2 nodes" in refusal(spec)
+
+
+def test_elastic_range_keeps_the_pipeline_at_every_size():
+    message = refusal({"nodes": 2, "nprocPerNode": 1, "elastic": {"minNodes": 2, "maxNodes": 3},
+                       "distributed": {"pipelineParallel": 2, "gradientAccumulationSteps": 4}})
+    assert "spec.distributed.pipelineParallel: distributed.pipelineParallel x distributed.tensorParallel (2 x 1) does not divide the world " \
+           "size 3 (3 nodes x 1)" in message
+    hybrid = refusal({"nodes": 2, "nprocPerNode": 2, "distributed": {"pipelineParallel": 4, "fsdpSharding":
+                      "hybrid_shard", "gradientAccumulationSteps": 4}})
+    assert "4 stages of 1 ranks each split nodes of 2; hybrid_shard replicates across whole nodes" in hybrid
+
+
+def test_bubble_shrinks_with_micro_batches_and_virtual_stages():
+    from brain_trainer.parallel.layout import bubble_fraction
+    one = DistributedConfig(pipeline_parallel=4)
+    assert bubble_fraction(one, 4) == pytest.approx(3 / 7)
+    assert bubble_fraction(one, 16) == pytest.approx(3 / 19)
+    assert bubble_fraction(DistributedConfig(pipeline_parallel=4, pipeline_schedule="interleaved-1f1b"), 16) \
+        == pytest.approx(3 / 35)

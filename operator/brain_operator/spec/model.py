@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
-from brain_trainer.parallel.layout import spread_problems
+from brain_trainer.parallel.layout import micro_batch_problems, spread_problems, world_problems
 from brain_trainer.schema import Names, quoted, setting
 
 from ..schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
@@ -310,22 +310,39 @@ class JobSpec(TrainerSections):
             )
         spread = list(spread_problems(self.distributed, self.nproc_per_node, "nproc_per_node", name))
         yield from spread
-        gbs = self.training.global_batch_size
-        if gbs is not None and not spread:
-            tp = self.distributed.tp
-            # Stops at the first bad size: few consecutive sizes can all divide one batch.
-            for n in range(low, high + 1):
-                per_step = self.training.micro_batch_size * self.nproc_per_node * n // tp
-                if gbs % per_step:
-                    across = f"{name('nproc_per_node')} x {name('nodes')}"
-                    if tp > 1:
-                        across = f"({across} / {name('distributed.tensor_parallel')})"
-                    yield (
-                        "training.global_batch_size",
-                        f"must be a multiple of {name('training.micro_batch_size')} x {across} ({per_step} at {n} nodes), "
-                        f"got {gbs}",
-                    )
-                    break
+        if not spread:
+            yield from self._node_range_problems(low, high, name)
+
+    def _node_range_problems(self, low: int, high: int, name: Names) -> Iterator[tuple[str, str]]:
+        """The layout and the batch at every node count of the range; stops at the first bad one (few consecutive
+        counts can all divide one batch)."""
+        distributed, gbs = self.distributed, self.training.global_batch_size
+        ranks_per_step = distributed.tp * distributed.pp
+        for n in range(low, high + 1):
+            world = self.nproc_per_node * n
+            layout = [(field, f"{message} ({n} nodes x {self.nproc_per_node})")
+                      for field, message in world_problems(distributed, world, self.nproc_per_node, name)]
+            if layout:
+                yield from layout
+                return
+            per_step = self.training.micro_batch_size * world // ranks_per_step
+            if gbs is not None and gbs % per_step:
+                across = f"{name('nproc_per_node')} x {name('nodes')}"
+                if ranks_per_step > 1:
+                    across = f"({across} / ({name('distributed.pipeline_parallel')} x {name('distributed.tensor_parallel')}))"
+                yield (
+                    "training.global_batch_size",
+                    f"must be a multiple of {name('training.micro_batch_size')} x {across} ({per_step} at {n} nodes), "
+                    f"got {gbs}",
+                )
+                return
+            micro_batches = distributed.gradient_accumulation_steps if gbs is None else gbs // per_step
+            field = "distributed.gradient_accumulation_steps" if gbs is None else "training.global_batch_size"
+            pipeline = [(f, f"{message} at {n} nodes") for f, message in
+                        micro_batch_problems(distributed, micro_batches, field, name)]
+            if pipeline:
+                yield from pipeline
+                return
 
     def node_range(self) -> tuple[int, int]:
         """(min, max) nodes for torchrun's --nnodes; an unset bound is `nodes` (a job without a range is fixed)."""

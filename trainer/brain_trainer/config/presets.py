@@ -139,6 +139,11 @@ def wrap_unit_params(cfg: BrainAIConfig, tensor_parallel: int = 1) -> list[int]:
     return units
 
 
+def pipeline_unit_count(cfg: BrainAIConfig) -> int:
+    """Units a pipeline can cut BrainAI between (parallel/stages.py): every block of a stack, encoders, meta, heads."""
+    return len(module_param_counts(cfg)) - len(STACKS) + sum(getattr(cfg, attr) for attr in STACKS.values())
+
+
 def largest_tensor_params(cfg: BrainAIConfig) -> int:
     """Elements of BrainAI's largest single parameter tensor (initialisation and initFrom handle one at a time)."""
     d = cfg.d_model

@@ -19,7 +19,7 @@ import yaml
 from ..contract import METRICS_PORT
 from ..schema import ConfigError, FieldError, Names, from_dict, quoted, setting, to_dict, trainer_spelling
 from . import kubeyaml
-from .presets import MODEL_PRESETS, VOCAB_SIZE
+from .presets import MODEL_PRESETS, VOCAB_SIZE, pipeline_unit_count
 
 PRESETS = tuple(MODEL_PRESETS)
 STRATEGIES = ("auto", "single", "ddp", "fsdp")
@@ -29,7 +29,10 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 DATA_SOURCES = ("synthetic", "files", "tokens")
 LR_SCALING = ("none", "linear")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
-TP_STRATEGIES = ("auto", "fsdp")  # tensor parallelism composes with FSDP2 over the data-parallel dimension of one mesh
+# tensor and pipeline parallelism compose with FSDP2 over the data-parallel dimension of one mesh
+TP_STRATEGIES = ("auto", "fsdp")
+PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
+INTERLEAVED = "interleaved-1f1b"  # the schedule that runs several (virtual) stages per pipeline rank
 # checkpoint.interval_steps chosen by the Young/Daly rule (young_daly.py).
 AUTO = "auto"
 # checkpoint.resume_from: the newest committed checkpoint, or none (from scratch); else a committed step.
@@ -160,10 +163,36 @@ class DistributedConfig:
         "or under strategy auto the smallest that fits the device memory"
     )
 
+    pipeline_parallel: Optional[int] = setting(
+        None, minimum=1, help="pipeline stages the model is cut into at block boundaries, one group of ranks each; "
+        "gradient accumulation becomes the pipeline's micro-batches (at least this many); unset: 1, or under strategy "
+        "auto what the planner needs after tensorParallel"
+    )
+    pipeline_schedule: str = setting(
+        "1f1b", choices=PIPELINE_SCHEDULES, help="the order of the micro-batches' forward and backward passes: 1f1b "
+        "(one activation set per stage in flight), gpipe (all forwards, then all backwards) or interleaved-1f1b "
+        "(virtualStages stages per rank: a smaller bubble, more messages)"
+    )
+    virtual_stages: Optional[int] = setting(
+        None, minimum=1, help="stages per pipeline rank; interleaved-1f1b only; unset: 2 under interleaved-1f1b, else 1"
+    )
+
     @property
     def tp(self) -> int:
         """The tensor-parallel degree: tensor_parallel, 1 when unset (auto's choice comes back set)."""
         return self.tensor_parallel or 1
+
+    @property
+    def pp(self) -> int:
+        """The pipeline-parallel degree: pipeline_parallel, 1 when unset (auto's choice comes back set)."""
+        return self.pipeline_parallel or 1
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Pipeline stages each pipeline rank runs: virtual_stages, else 2 under interleaved-1f1b, else 1."""
+        if self.virtual_stages is not None:
+            return self.virtual_stages
+        return 2 if self.pipeline_schedule == INTERLEAVED else 1
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.node_rank >= self.num_nodes:
@@ -174,6 +203,20 @@ class DistributedConfig:
                 f"{self.tp} needs {name('strategy')} fsdp or auto (FSDP2 shards the data-parallel "
                 f"dimension), got {self.strategy}",
             )
+        if self.pp > 1 and self.strategy not in TP_STRATEGIES:
+            yield (
+                "pipeline_parallel",
+                f"{self.pp} needs {name('strategy')} fsdp or auto (FSDP2 shards each stage over the data-parallel "
+                f"dimension), got {self.strategy}",
+            )
+        if self.virtual_stages is not None and self.virtual_stages > 1 and self.pipeline_schedule != INTERLEAVED:
+            yield (
+                "virtual_stages",
+                f"{self.virtual_stages} stages per rank need {name('pipeline_schedule')} {INTERLEAVED}, "
+                f"got {self.pipeline_schedule}",
+            )
+        if self.virtual_stages == 1 and self.pipeline_schedule == INTERLEAVED:
+            yield "virtual_stages", f"{INTERLEAVED} runs several stages per rank: needs >= 2, got 1"
 
     @classmethod
     def preset(cls, scale: str) -> "DistributedConfig":
@@ -360,6 +403,21 @@ class TrainerSections:
                 yield "distributed.tensor_parallel", f"{tp} does not divide the {self.model.preset} preset's {model.n_heads} attention heads"
             elif model.ffn_hidden % tp:
                 yield "distributed.tensor_parallel", f"{tp} does not divide the {self.model.preset} preset's gated-MLP width {model.ffn_hidden}"
+        stages = self.distributed.pp * self.distributed.stages_per_rank
+        if self.model.entrypoint is not None and self.distributed.pp > 1:
+            yield (
+                "distributed.pipeline_parallel",
+                f"cuts a model.preset's BrainAI at its block boundaries; the model of {name('model.entrypoint')} is "
+                f"not cut, got {self.distributed.pp}",
+            )
+        if self.model.entrypoint is None and stages > 1:
+            units = pipeline_unit_count(MODEL_PRESETS[self.model.preset])
+            if stages > units:
+                yield (
+                    "distributed.pipeline_parallel",
+                    f"{self.distributed.pp} ranks x {self.distributed.stages_per_rank} stages each = {stages} stages, "
+                    f"more than the {self.model.preset} preset's {units} blocks to cut between",
+                )
         if self.training.global_batch_size is not None and self.distributed.gradient_accumulation_steps != 1:
             yield (
                 "distributed.gradient_accumulation_steps",
@@ -379,8 +437,9 @@ class TrainerConfig(TrainerSections):
         return self if distributed is self.distributed else replace(self, distributed=distributed)
 
     def data_parallel(self, world_size: int) -> int:
-        """Ranks reading different batches: the tensor-parallel ranks of a group read the same one."""
-        return max(world_size // self.distributed.tp, 1)
+        """Ranks reading different batches: the tensor-parallel ranks of a group, and the stages of a pipeline, read
+        the same one."""
+        return max(world_size // (self.distributed.tp * self.distributed.pp), 1)
 
     def accumulation_steps(self, world_size: int) -> int:
         """Micro-steps per optimizer step at this world size."""
