@@ -69,3 +69,12 @@ def test_elastic_range_is_checked_at_every_size():
 def test_auto_strategy_with_tp_resolves_to_fsdp():
     config = TrainerConfig.from_dict({"distributed": {"tensor_parallel": 2}})
     assert resolve_distributed(config, 4, None).strategy == "fsdp"
+
+
+def test_seq_len_must_divide_over_the_tp_ranks():
+    """Sequence parallelism gives each tp rank an equal share of every sequence."""
+    assert "spec.training.seqLen: must be a multiple of distributed.tensorParallel (2), got 129" in refusal(
+        {"nprocPerNode": 2, "distributed": {"tensorParallel": 2}, "training": {"seqLen": 129}})
+    with pytest.raises(ConfigError, match=r"^training.seq_len: must be a multiple of distributed.tensor_parallel \(2\), got 129"):
+        TrainerConfig.from_dict({"distributed": {"tensor_parallel": 2}, "training": {"seq_len": 129}})
+    assert TrainerConfig.from_dict({"distributed": {"tensor_parallel": 2}, "training": {"seq_len": 130}}).training.seq_len == 130
