@@ -140,3 +140,12 @@ def test_bubble_shrinks_with_micro_batches_and_virtual_stages():
     assert bubble_fraction(one, 16) == pytest.approx(3 / 19)
     assert bubble_fraction(DistributedConfig(pipeline_parallel=4, pipeline_schedule="interleaved-1f1b"), 16) \
         == pytest.approx(3 / 35)
+
+
+def test_seq_len_must_divide_over_the_tp_ranks():
+    """Sequence parallelism gives each tp rank an equal share of every sequence."""
+    assert "spec.training.seqLen: must be a multiple of distributed.tensorParallel (2), got 129" in refusal(
+        {"nprocPerNode": 2, "distributed": {"tensorParallel": 2}, "training": {"seqLen": 129}})
+    with pytest.raises(ConfigError, match=r"^training.seq_len: must be a multiple of distributed.tensor_parallel \(2\), got 129"):
+        TrainerConfig.from_dict({"distributed": {"tensor_parallel": 2}, "training": {"seq_len": 129}})
+    assert TrainerConfig.from_dict({"distributed": {"tensor_parallel": 2}, "training": {"seq_len": 130}}).training.seq_len == 130

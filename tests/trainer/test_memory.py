@@ -87,6 +87,20 @@ def test_activations_by_hand_and_with_checkpointing():
     assert plan.activations == int(expected)
 
 
+def test_sequence_parallelism_divides_the_split_blocks_activations_but_their_gathered_norm_outputs():
+    mlp = 4 * MINIMAL.ffn_hidden / MINIMAL.d_model
+    blocks = dict(snn=4 + 3 * MINIMAL.snn_steps, htm=20, workspace=5, reasoning=10 + mlp, decision=3 + mlp)
+    # at tp2 a reasoning block keeps its two norm outputs whole, a decision block its one; the rest is halved
+    split = dict(reasoning=2 + (blocks["reasoning"] - 2) / 2, decision=1 + (blocks["decision"] - 1) / 2)
+    replicated = 8 + blocks["snn"] + blocks["htm"] + blocks["workspace"]
+    assert activation_units(MINIMAL, "none", tensor_parallel=2) == pytest.approx(
+        replicated + 2 * split["reasoning"] + split["decision"])
+    # checkpointed: 6 whole inputs, the 3 split blocks' half inputs, the largest block (htm) recomputed
+    assert activation_units(MINIMAL, "full", tensor_parallel=2) == pytest.approx(6 + 3 / 2 + blocks["htm"])
+    plan = plan_memory("minimal", "fsdp", world_size=2, micro_batch_size=2, seq_len=4, tensor_parallel=2)
+    assert plan.activations == activation_bytes(MINIMAL, "fp32", 2, 4, "none", tensor_parallel=2)
+
+
 def test_activation_estimate_matches_tensors_saved_by_the_real_model():
     import torch
     import torch.nn.functional as F
@@ -254,7 +268,8 @@ def test_tensor_parallel_divides_the_split_blocks_states_by_tp():
     assert (tp.parameters, tp.gradients, tp.optimizer_state) == (
         2 * sum(held) // 8 + 2 * 2 * max(held), 2 * sum(held) // 8 + 2 * max(held), 12 * sum(held) // 8)
     dp = plan_memory("70b", "fsdp", **shape)
-    assert tp.activations == dp.activations  # not divided: no sequence parallelism yet
+    # sequence parallelism: the checkpointed split blocks keep their sequence shard, 1/8 of their input
+    assert tp.activations == activation_bytes(cfg, "bf16", 1, 4096, "full", tensor_parallel=8) < dp.activations / 2
     assert tp.fits(80 * GB)
     hybrid = plan_memory("70b", "fsdp", fsdp_sharding="hybrid_shard", node_size=8, tensor_parallel=8, **shape)
     assert hybrid.shard_size == 1 and hybrid.optimizer_state == 12 * sum(held)  # a node is one tp group: no dp shard
@@ -291,7 +306,11 @@ def test_auto_under_tensor_parallelism_walks_the_fsdp_ladder():
            "distributed": {"strategy": "auto", "tensor_parallel": 8, "mixed_precision_policy": "bf16"}}
     cfg = TrainerConfig.from_dict(job)
     gpu = resolve_distributed(cfg, 64, 80 * GB)
-    assert (gpu.strategy, gpu.fsdp_sharding, gpu.activation_checkpointing) == ("fsdp", "full_shard", "full")
+    # sequence parallelism divides the split blocks' activations by 8: the cheapest option, shard_grad_op without
+    # checkpointing (60.1 GiB per rank), fits
+    assert (gpu.strategy, gpu.fsdp_sharding, gpu.activation_checkpointing) == ("fsdp", "shard_grad_op", "none")
+    tight = resolve_distributed(cfg, 64, 40 * GB)
+    assert (tight.strategy, tight.fsdp_sharding, tight.activation_checkpointing) == ("fsdp", "full_shard", "full")
     assert resolve_distributed(cfg, 64, None).strategy == "fsdp"  # CPU: the one strategy tp composes with
 
 

@@ -403,6 +403,12 @@ class TrainerSections:
                 yield "distributed.tensor_parallel", f"{tp} does not divide the {self.model.preset} preset's {model.n_heads} attention heads"
             elif model.ffn_hidden % tp:
                 yield "distributed.tensor_parallel", f"{tp} does not divide the {self.model.preset} preset's gated-MLP width {model.ffn_hidden}"
+        if tp > 1 and self.training.seq_len % tp:
+            # sequence parallelism (parallel/tensor.py) gives each tp rank an equal share of every sequence
+            yield (
+                "training.seq_len",
+                f"must be a multiple of {name('distributed.tensor_parallel')} ({tp}), got {self.training.seq_len}",
+            )
         stages = self.distributed.pp * self.distributed.stages_per_rank
         if self.model.entrypoint is not None and self.distributed.pp > 1:
             yield (

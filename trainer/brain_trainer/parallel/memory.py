@@ -20,9 +20,9 @@ Model states, with P parameters and N ranks sharing a shard:
 With tensorParallel tp, P is what one tp rank holds (the split parameters of
 the reasoning and decision blocks divided by tp, the rest whole:
 presets.wrap_unit_params) and N counts data-parallel ranks only (world size /
-tp; hybrid_shard: ranks per node / tp). Activations are not divided: without
-sequence parallelism every tp rank keeps its blocks' inputs and norms whole,
-so the figure stays an upper bound for the split blocks' inner activations.
+tp; hybrid_shard: ranks per node / tp). Sequence parallelism divides the
+split blocks' activations by tp, all but their norms' all-gathered outputs
+(`activation_units`).
 
 U is the largest FSDP wrap unit: full_shard gathers the running unit and
 prefetches the next, and holds one unit's unsharded gradients until they are
@@ -61,6 +61,9 @@ PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ADAM_MOMENT_BYTES = 8  # exp_avg and exp_avg_sq in fp32
 MASTER_WEIGHT_BYTES = 4  # fp32 copy kept by the optimizer when parameters are 16-bit
 LOGIT_BYTES = 4  # logits and log-probabilities are float32 for the loss
+# Per block of a stack that tensor parallelism splits: its norms, whose outputs its colwise linears save all-gathered
+# (whole) under sequence parallelism (parallel/tensor.py); all else it saves is on its 1/tp sequence shard or heads.
+GATHERED_UNITS = {"reasoning": 2, "decision": 1}
 
 # Host memory (plan_host_memory). Estimates: the process sizes were measured on CPU with torch 2.13
 # (about 330 MB resident after importing torch and joining a gloo group); CUDA's figure is the usual
@@ -173,50 +176,65 @@ def _model_name(model: BrainAIConfig | str) -> str:
     return f"preset {model!r}" if isinstance(model, str) else "the model"
 
 
-def activation_units(cfg: BrainAIConfig, checkpointing: str, every: int = 2) -> float:
-    """Saved activations per token, in units of d_model elements.
+def block_units(cfg: BrainAIConfig, tensor_parallel: int = 1) -> dict[str, float]:
+    """Activations one block of each stack saves for backward, per token and rank, in units of d_model elements.
 
-    Counted from what each wrap unit keeps for backward (a test measures them
-    with saved-tensor hooks on the real model):
-
-        encoders 1, meta 4, heads 3, and per block
         snn_core 4 + 3 * snn_steps    htm 20    workspace 5
         reasoning 10 + 4 * ffn_hidden / d_model    decision 3 + 4 * ffn_hidden / d_model
+
+    With tensor_parallel tp > 1, sequence parallelism keeps a split block's
+    tensors on its sequence shard or its heads, 1/tp of them, except its
+    norms' outputs, which DTensor's colwise linears save all-gathered
+    (GATHERED_UNITS): reasoning 2 + (8 + 4 * ffn_hidden / d_model) / tp,
+    decision 1 + (2 + 4 * ffn_hidden / d_model) / tp. The other stacks are
+    replicated: whole.
+    """
+    mlp = 4 * cfg.ffn_hidden / cfg.d_model
+    units = {"snn_core": 4 + 3 * cfg.snn_steps, "htm": 20.0, "workspace": 5.0, "reasoning": 10 + mlp, "decision": 3 + mlp}
+    for stack, whole in GATHERED_UNITS.items():
+        units[stack] = whole + (units[stack] - whole) / tensor_parallel
+    return units
+
+
+def activation_units(cfg: BrainAIConfig, checkpointing: str, every: int = 2, tensor_parallel: int = 1) -> float:
+    """Saved activations per token and rank, in units of d_model elements.
+
+    Counted from what each wrap unit keeps for backward (tests measure them
+    with saved-tensor hooks on the real model, at tp 1 and 2): encoders 1,
+    meta 4, heads 3, and each block of a stack its `block_units`.
 
     Attention is flash-style (scaled_dot_product_attention), so nothing grows
     with seq_len squared. Checkpointing acts on blocks (blocks.py: the leaf
     wrap units in forward order: encoders, every block, meta, heads): a
-    checkpointed block keeps only its input (1 unit), and one checkpointed
-    block at a time is recomputed in full. `full` checkpoints every block,
-    `selective` every `every`-th.
+    checkpointed block keeps only its input (1 unit; a split block's 1/tp,
+    its sequence shard), and one checkpointed block at a time is recomputed
+    in full. `full` checkpoints every block, `selective` every `every`-th.
     """
-    mlp = 4 * cfg.ffn_hidden / cfg.d_model
-    per_block = {
-        "snn_core": 4 + 3 * cfg.snn_steps,
-        "htm": 20,
-        "workspace": 5,
-        "reasoning": 10 + mlp,
-        "decision": 3 + mlp,
-    }
-    units = [1.0]  # encoders, then the blocks in forward order, meta, heads
+    per_block = block_units(cfg, tensor_parallel)
+    units, inputs = [1.0], [1.0]  # per leaf block, kept and kept when checkpointed: encoders, the stacks, meta, heads
     for name, attr in STACKS.items():
         units += [per_block[name]] * getattr(cfg, attr)
+        inputs += [1 / tensor_parallel if name in GATHERED_UNITS else 1.0] * getattr(cfg, attr)
     units += [4.0, 3.0]
-    chosen = {"none": [], "full": units, "selective": units[every - 1 :: every]}[checkpointing]
+    inputs += [1.0, 1.0]
+    blocks = range(len(units))
+    chosen = {"none": [], "full": list(blocks), "selective": list(blocks[every - 1 :: every])}[checkpointing]
     if not chosen:
         return sum(units)
-    return sum(units) - sum(chosen) + len(chosen) + max(chosen)
+    return sum(units) - sum(units[i] for i in chosen) + sum(inputs[i] for i in chosen) + max(units[i] for i in chosen)
 
 
 def activation_bytes(
-    cfg: BrainAIConfig, precision: str, micro_batch_size: int, seq_len: int, checkpointing: str, every: int = 2
+    cfg: BrainAIConfig, precision: str, micro_batch_size: int, seq_len: int, checkpointing: str, every: int = 2,
+    tensor_parallel: int = 1,
 ) -> int:
-    """micro_batch * seq_len * (activation_units * d_model * element bytes + 2 * vocab * 4).
+    """micro_batch * seq_len * (activation_units * d_model * element bytes + 2 * vocab * 4), per rank.
 
-    The second term is the float32 logits and log-probabilities of the loss.
+    The second term is the float32 logits and log-probabilities of the loss (the heads are replicated: whole
+    at any tensor_parallel).
     """
     tokens = micro_batch_size * seq_len
-    per_token = activation_units(cfg, checkpointing, every) * cfg.d_model * PARAM_BYTES[precision]
+    per_token = activation_units(cfg, checkpointing, every, tensor_parallel) * cfg.d_model * PARAM_BYTES[precision]
     return int(tokens * (per_token + 2 * cfg.vocab_size * LOGIT_BYTES))
 
 
@@ -328,7 +346,8 @@ def plan_memory(
         gradients=grads + gathered_grads,
         optimizer_state=optim,
         activations=activation_bytes(
-            cfg, precision, micro_batch_size, seq_len, activation_checkpointing, activation_checkpointing_every
+            cfg, precision, micro_batch_size, seq_len, activation_checkpointing, activation_checkpointing_every,
+            tensor_parallel,
         ),
         overhead=overhead_bytes,
         host=host,
