@@ -88,9 +88,12 @@ def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
         seq_len=training.seq_len,
         world_size=ranks,
         activation_checkpointing_every=dist.activation_checkpointing_every,
+        pipeline_schedule=dist.pipeline_schedule,
+        stages_per_rank=dist.stages_per_rank,
     )
     asked = None
     with _manifest_spelling():
+        shape["micro_batches"] = cfg.accumulation_steps(ranks)
         if dist.strategy != "auto":
             asked = plan_memory(
                 planned_model(cfg.model),
@@ -100,21 +103,25 @@ def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
                 cpu_offload=dist.cpu_offload,
                 node_size=job.spec.nproc_per_node,
                 tensor_parallel=dist.tp,
+                pipeline_parallel=dist.pp,
                 **shape,
             )
-        # auto picks tensor parallelism where the job leaves it unset, on GPUs (the trainer, seeing their memory)
+        # auto picks tensor, then pipeline parallelism where the job leaves them unset, on GPUs (the trainer, seeing
+        # their memory)
         ladder = plan_ladder(planned_model(cfg.model), activation_checkpointing=dist.activation_checkpointing,
                              cpu_offload=dist.cpu_offload, tensor_parallel=dist.tensor_parallel,
+                             pipeline_parallel=dist.pipeline_parallel,
                              ranks_per_node=job.spec.nproc_per_node if job.spec.resources.gpus() else None, **shape)
     if asked is not None:
         return asked, ladder, asked
     if job.spec.resources.gpus():
         return None, ladder, first_fit(ladder, memory, planned_model(cfg.model), MANIFEST_NAMES)[1]
-    if dist.tp > 1:  # auto on CPUs with tensor parallelism: fsdp as configured, as the trainer resolves it
+    if dist.tp > 1 or dist.pp > 1:  # auto on CPUs with tensor or pipeline parallelism: fsdp as the trainer resolves it
         with _manifest_spelling():
             runs = plan_memory(planned_model(cfg.model), "fsdp", fsdp_sharding=dist.fsdp_sharding,
                                activation_checkpointing=dist.activation_checkpointing, cpu_offload=dist.cpu_offload,
-                               node_size=job.spec.nproc_per_node, tensor_parallel=dist.tp, **shape)
+                               node_size=job.spec.nproc_per_node, tensor_parallel=dist.tp, pipeline_parallel=dist.pp,
+                               **shape)
         return None, ladder, runs
     return None, ladder, ladder[0][1]  # auto on CPUs: ddp (single on one rank), as the trainer resolves it
 
@@ -158,6 +165,33 @@ def flops_line(cfg: TrainerConfig) -> str:
             f"{cfg.training.seq_len}, forward and backward (6 x parameters: {six_n_flops_per_token(param_count(model)):.3g})")
 
 
+# Micro-batches per pipeline stage below which its fill and drain idle a large share of the step (issue 25's rule
+# of thumb: at least 4 x the pipeline degree).
+PIPELINE_MICRO_BATCHES_PER_STAGE = 4
+
+
+def _data_parallel(plan: MemoryPlan) -> int:
+    return plan.world_size // (plan.tensor_parallel * plan.pipeline_parallel)
+
+
+def _bubble_warning(plan: MemoryPlan) -> list[str]:
+    if plan.pipeline_parallel == 1 or plan.micro_batches >= PIPELINE_MICRO_BATCHES_PER_STAGE * plan.pipeline_parallel:
+        return []
+    return [f"  warning: fewer than {PIPELINE_MICRO_BATCHES_PER_STAGE} x pp micro-batches per step: the pipeline "
+            f"idles {plan.bubble:.1%} of it"]
+
+
+def _batch_lines(cfg: TrainerConfig, first: MemoryPlan, picked: MemoryPlan) -> list[str]:
+    """What a picked layout does to the accumulation (the global batch stays), and a pipeline's bubble."""
+    if picked.micro_batches == first.micro_batches:
+        return _bubble_warning(picked)
+    field = ("spec.training.globalBatchSize" if cfg.training.global_batch_size
+             else "spec.distributed.gradientAccumulationSteps")
+    return [f"  keeps the global batch: {picked.micro_batches} micro-batches per step on {_data_parallel(picked)} "
+            f"data-parallel rank(s), where {field} gives {first.micro_batches} on {_data_parallel(first)}",
+            *_bubble_warning(picked)]
+
+
 def estimate_lines(job: Job, *, device_memory_gib: float | None = None, base_dir: Optional[Path] = None,
                    claims: Optional[Path] = None) -> list[str]:
     """The estimate's lines; `base_dir` (the manifest's folder) and `claims` say where to look for a token
@@ -179,12 +213,16 @@ def estimate_lines(job: Job, *, device_memory_gib: float | None = None, base_dir
     ]
     if asked is not None:
         verdict = "fits" if asked.fits(memory) else f"does NOT fit ({(asked.total - memory) / GIB:.1f} GiB per rank missing)"
-        lines += [f"configured (spec.distributed): {verdict}", asked.summary(), ""]
+        lines += [f"configured (spec.distributed): {verdict}", asked.summary(), *_bubble_warning(asked), ""]
     choice, plan = first_fit(ladder, memory, planned_model(cfg.model), MANIFEST_NAMES)
-    lines += [f"strategy: auto picks {choice}", plan.summary(), "", "options tried, cheapest first (device GiB per rank):"]
+    lines += [f"strategy: auto picks {choice}", plan.summary(), *_batch_lines(cfg, ladder[0][1], plan), "",
+              "options tried, cheapest first (device GiB per rank; GiB each rank sends per step; pipeline bubble):"]
+    width = max(len(str(option)) for option, _ in ladder) + 1
     for option, tried in ladder:
         mark = "fits" if tried.fits(memory) else "too big"
-        lines.append(f"  {str(option):<58}{tried.total / GIB:9.2f}  {mark}")
+        bubble = f"  bubble {tried.bubble:5.1%}" if tried.pipeline_parallel > 1 else ""
+        lines.append(f"  {str(option):<{width}}{tried.total / GIB:9.2f}  {mark:<7}  sends "
+                     f"{tried.communication.total / GIB:9.1f}{bubble}")
     host = host_plan(job, device_memory_gib=device_memory_gib)
     lines += ["", host.summary(), _request_verdict(job, host), "", *storage_lines(job)]
     return lines

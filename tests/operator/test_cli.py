@@ -255,14 +255,15 @@ def test_estimate_on_the_7b_example_reports_the_per_rank_breakdown(capsys):
     for term in ("parameters", "gradients", "optimizer state", "activations", "overhead", "total"):
         assert f"\n  {term} " in picked
     for cheaper in ("ddp", "fsdp shard_grad_op", "fsdp full_shard"):
-        assert re.search(rf"^  {cheaper} +[0-9.]+  too big$", out, re.M), cheaper
+        assert re.search(rf"^  {cheaper} +[0-9.]+  too big +sends +[0-9.]+$", out, re.M), cheaper
     host = out.split("host memory per rank (fsdp full_shard + full activation checkpointing on GPU):")[1]
     for term in ("process", "initialisation", "ckpt staging", "data workers", "total"):
         assert f"\n  {term} " in host
     assert "recommended pod memory request: 115Gi (8 rank(s) per pod, +10%)" in host
     assert "spec.resources.requests.memory: 128Gi, covers it" in host
-    code, out, _ = run_cli(capsys, "estimate", GPU_7B, "--device-memory", "10")
-    assert code == 0 and "strategy: auto picks fsdp full_shard + full activation checkpointing + CPU offload" in out
+    # 20 GiB: no option on the device (16 micro-batches accumulate 28 GB of fp32 gradients at tp1), tp4's offload
+    code, out, _ = run_cli(capsys, "estimate", GPU_7B, "--device-memory", "20")
+    assert code == 0 and "strategy: auto picks fsdp full_shard + tp 4 + full activation checkpointing + CPU offload" in out
 
 
 def test_estimate_sizes_a_hand_set_vocabulary(tmp_path, capsys):
@@ -399,32 +400,80 @@ def test_estimate_plans_tensor_parallel_70b_on_8_nodes(tmp_path, capsys):
     code, out, err = run_cli(capsys, "estimate", path)
     assert code == 0, err
     picked = out.split("strategy: auto picks ")[1]
-    # sequence parallelism divides the split blocks' activations by 8: the cheapest option fits (60.1 GiB per rank)
-    assert picked.startswith("fsdp shard_grad_op + tp 8\nfsdp shard_grad_op + tp 8 on 64 rank(s), per rank:")
-    tried = out.split("cheapest first (device GiB per rank):\n")[1].split("\n\n")[0].splitlines()
+    assert picked.startswith("fsdp full_shard + tp 8 + full activation checkpointing\n"
+                             "fsdp full_shard + tp 8 + full activation checkpointing on 64 rank(s), per rank:")
+    tried = out.split(TRIED)[1].split("\n\n")[0].splitlines()
     assert tried and all(line.startswith("  fsdp ") for line in tried), "tensor parallelism composes with fsdp only"
 
 
-def test_estimate_lets_auto_pick_the_smallest_tensor_parallel_that_fits(tmp_path, capsys):
-    """70b on 8 nodes x 8 GPUs of 22 GiB, 1024 tokens, tensorParallel unset: no tp1 option fits on the device, tp2's
-    full_shard + checkpointing does (it gathers half of each unit); every degree's options are listed, smallest first,
-    CPU offload last."""
+TRIED = "cheapest first (device GiB per rank; GiB each rank sends per step; pipeline bubble):\n"
+
+
+def _big_job(tmp_path, preset, **training):
     data = yaml.safe_load(GPU_7B.read_text())
-    data["spec"]["model"]["preset"] = "70b"
+    data["spec"]["model"]["preset"] = preset
     data["spec"]["nodes"] = 8
-    data["spec"]["training"]["microBatchSize"] = 1
-    data["spec"]["training"]["seqLen"] = 1024
+    data["spec"]["training"].update(training)
     data["spec"]["distributed"].pop("tensorParallel", None)
     data["spec"]["checkpoint"]["volumeClaimTemplate"]["storage"] = "4Ti"
-    path = tmp_path / "70b.yaml"
+    path = tmp_path / f"{preset}.yaml"
     path.write_text(yaml.safe_dump(data))
-    code, out, err = run_cli(capsys, "estimate", path, "--device-memory", "22")
+    return path
+
+
+def test_estimate_lets_auto_pick_the_smallest_tensor_parallel_that_fits(tmp_path, capsys):
+    """13b on 8 nodes x 8 GPUs of 36 GiB, 1024 tokens, tensorParallel unset: no tp1 option fits on the device (8
+    micro-batches accumulate every gradient unsharded in fp32), tp2's full_shard + checkpointing does; every degree's
+    options are listed, smallest first, then the pipelines at tp8, CPU offload last."""
+    path = _big_job(tmp_path, "13b", microBatchSize=1, seqLen=1024)
+    code, out, err = run_cli(capsys, "estimate", path, "--device-memory", "36")
     assert code == 0, err
     assert "strategy: auto picks fsdp full_shard + tp 2 + full activation checkpointing\n" in out
-    tried = out.split("cheapest first (device GiB per rank):\n")[1].split("\n\n")[0].splitlines()
+    assert "  keeps the global batch: 16 micro-batches per step on 32 data-parallel rank(s), where " \
+           "spec.training.globalBatchSize gives 8 on 64\n" in out
+    tried = out.split(TRIED)[1].split("\n\n")[0].splitlines()
     degrees = [int(m[1]) if (m := re.search(r"\+ tp (\d+) ", line)) else 1 for line in tried]
+    pipelines = [int(m[1]) if (m := re.search(r"\+ pp (\d+) ", line)) else 1 for line in tried]
     offload = ["CPU offload" in line for line in tried]
-    assert sorted(set(degrees)) == [1, 2, 4, 8]
-    assert offload == sorted(offload), "CPU offload comes after every degree's on-device options"
-    on_device = [d for d, off in zip(degrees, offload) if not off]
-    assert on_device == sorted(on_device), "smallest degree first"
+    assert sorted(set(degrees)) == [1, 2, 4, 8] and sorted(set(pipelines)) == [1, 2, 4, 8]
+    assert offload == sorted(offload), "CPU offload comes after every layout's on-device options"
+    on_device = [(pp, tp) for tp, pp, off in zip(degrees, pipelines, offload) if not off]
+    assert on_device == sorted(on_device), "smallest tp first, then the pipelines at the largest"
+    assert all(("bubble" in line) == (pp > 1) for line, pp in zip(tried, pipelines))
+
+
+def test_estimate_adds_a_pipeline_when_tensor_parallel_8_is_not_enough(tmp_path, capsys):
+    """70b on 8 nodes x 8 GPUs of 48 GiB, a global batch of 128: tp8 needs 56.9 GiB, tp8 x pp4 fits; the pick
+    names the fullest pipeline rank, its stage and micro-batches in flight, the batch kept, and what each rank
+    sends per step."""
+    path = _big_job(tmp_path, "70b", microBatchSize=1, seqLen=4096, globalBatchSize=128)
+    code, out, err = run_cli(capsys, "estimate", path, "--device-memory", "48")
+    assert code == 0, err
+    picked = out.split("strategy: auto picks ")[1].split("\n\n")[0].splitlines()
+    assert picked[0] == "fsdp full_shard + tp 8 + pp 4 (1f1b) + full activation checkpointing"
+    assert picked[1] == picked[0] + " on 64 rank(s), per rank:"
+    assert picked[2] == "  pipeline rank 1 of 4 (the fullest), 64 micro-batches per step, bubble 4.5%:"
+    stage = r"    stage 1: reasoning\.blocks\.\d+ \.\. reasoning\.blocks\.\d+, 3 micro-batch\(es\) in flight"
+    assert re.fullmatch(stage, picked[3])
+    rows = {line[:19].strip(): float(line[19:].split()[0]) for line in picked[4:]
+            if line.endswith(" GiB") and ":" not in line}
+    assert rows["total"] == 40.2 and rows["pipeline buffers"] == 8.0
+    assert rows["fsdp"] > 0 and rows["tensor parallel"] > rows["pipeline"] == 8.0
+    assert "  keeps the global batch: 64 micro-batches per step on 2 data-parallel rank(s), where " \
+           "spec.training.globalBatchSize gives 2 on 64" in picked
+    assert not any(line.startswith("  warning") for line in picked)  # 64 micro-batches: 16 per pipeline rank
+    tried = out.split(TRIED)[1].split("\n\n")[0].splitlines()
+    assert re.search(r"^  fsdp full_shard \+ tp 8 \+ full activation checkpointing +56\.86  too big ", out, re.M)
+    first = next(line for line in tried if " fits " in line)
+    assert first.startswith("  fsdp full_shard + tp 8 + pp 4 (1f1b) + full activation checkpointing ")
+
+    # tensorParallel set to 8 and 16 sequences a step: fewer accumulators, so pp2 fits, with 4 micro-batches for 2
+    # pipeline ranks, said so
+    data = yaml.safe_load(path.read_text())
+    data["spec"]["training"]["globalBatchSize"] = 16
+    data["spec"]["distributed"]["tensorParallel"] = 8
+    path.write_text(yaml.safe_dump(data))
+    code, out, err = run_cli(capsys, "estimate", path, "--device-memory", "48")
+    assert code == 0, err
+    assert "strategy: auto picks fsdp full_shard + tp 8 + pp 2 (1f1b) + full activation checkpointing\n" in out
+    assert "  warning: fewer than 4 x pp micro-batches per step: the pipeline idles 20.0% of it\n" in out

@@ -26,9 +26,20 @@ split blocks' activations by tp, all but their norms' all-gathered outputs
 
 U is the largest FSDP wrap unit: full_shard gathers the running unit and
 prefetches the next, and holds one unit's unsharded gradients until they are
-reduce-scattered. With CPU offload the sharded parameters, gradients and
-optimizer state live in host memory (`host`), the device keeps only the
-gathered units (planned for full_shard and hybrid_shard).
+reduce-scattered. With m > 1 micro-batches per step FSDP2 reduce-scatters on
+the last one only, so every sharded strategy holds each gradient unsharded in
+fp32 until then: 4 P (+ U's fresh gradients) in place of the gradients' U.
+
+With pipelineParallel pp (pipeline_plan.py), P is what a rank holds of its
+stages' units, N counts world / (tp x pp), and the fullest pipeline rank is
+planned. torch's stages keep FSDP's parameters gathered from a step's first
+backward to its end, so full_shard holds P / N + P of them. Its activations
+are each stage's per micro-batch times its micro-batches in flight under the
+schedule, plus the stage boundaries' receive buffers.
+
+With CPU offload the sharded parameters, gradients and optimizer state live
+in host memory (`host`), the device keeps only the gathered units and the
+accumulated gradients (planned for full_shard and hybrid_shard).
 
 Activations (see `activation_bytes`), and a fixed `overhead` for the CUDA
 context, communication buffers and allocator slack, complete the total.
@@ -44,12 +55,23 @@ it holds) and the DataLoader's worker processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Optional
+from dataclasses import dataclass, field, replace
+from typing import Optional, Sequence
 
 from ..config import ACTIVATION_CHECKPOINTING, FSDP_SHARDING, PRECISIONS, DistributedConfig, ModelConfig, TrainerConfig
-from ..config.presets import STACKS, BrainAIConfig, largest_tensor_params, preset_config, wrap_unit_params
+from ..config.presets import (
+    STACKS,
+    BrainAIConfig,
+    largest_tensor_params,
+    pipeline_unit_count,
+    preset_config,
+    wrap_unit_params,
+)
+from ..config.sections import INTERLEAVED, PIPELINE_SCHEDULES
 from ..schema import ConfigError, FieldError, Names
+from .comms import REDUCE_BYTES, StepCommunication, step_communication
+from .layout import bubble_fraction
+from .pipeline_plan import RankStage, in_flight, pipeline_problems, rank_units, receive_buffers, split_blocks
 
 MIB = 1024**2
 GIB = 1024**3
@@ -86,12 +108,18 @@ class StrategyChoice:
     activation_checkpointing: str = "none"  # none, full or selective
     cpu_offload: bool = False
     tensor_parallel: int = 1  # ranks splitting each reasoning/decision block (fsdp only)
+    pipeline_parallel: int = 1  # pipeline ranks the model's stages are spread over (fsdp only)
+    pipeline_schedule: str = "1f1b"
+    stages_per_rank: int = 1
 
     def __str__(self) -> str:
         words = [self.strategy] + ([self.fsdp_sharding] if self.strategy == "fsdp" else [])
         text = " ".join(words)
         if self.tensor_parallel > 1:
             text += f" + tp {self.tensor_parallel}"
+        if self.pipeline_parallel > 1:
+            per_rank = f", {self.stages_per_rank} stages per rank" if self.pipeline_schedule == INTERLEAVED else ""
+            text += f" + pp {self.pipeline_parallel} ({self.pipeline_schedule}{per_rank})"
         if self.activation_checkpointing != "none":
             text += f" + {self.activation_checkpointing} activation checkpointing"
         if self.cpu_offload:
@@ -117,12 +145,21 @@ class MemoryPlan:
     activations: int
     overhead: int
     host: int  # bytes per rank kept in CPU memory (CPU offload)
+    held_params: int  # parameters the rank holds before FSDP shards them (its tp share of its stages' units)
     tensor_parallel: int = 1  # ranks splitting each reasoning/decision block
+    pipeline_parallel: int = 1
+    pipeline_rank: int = 0  # the pipeline rank planned: the heaviest
+    stages: tuple[str, ...] = ()  # under a pipeline, the planned rank's stages: "stage 0: encoders .. htm.blocks.1"
+    pipeline_buffers: int = 0  # the stage boundaries' receive buffers (pipeline_plan.receive_buffers)
+    micro_batches: int = 1  # per optimizer step
+    bubble: float = 0.0  # share of a step the pipeline idles (layout.bubble_fraction)
+    communication: StepCommunication = field(default_factory=StepCommunication)
 
     @property
     def total(self) -> int:
         """Device bytes per rank."""
-        return self.parameters + self.gradients + self.optimizer_state + self.activations + self.overhead
+        return (self.parameters + self.gradients + self.optimizer_state + self.activations + self.pipeline_buffers
+                + self.overhead)
 
     def fits(self, device_memory_bytes: int) -> bool:
         return self.total <= device_memory_bytes
@@ -134,12 +171,21 @@ class MemoryPlan:
             ("gradients", self.gradients),
             ("optimizer state", self.optimizer_state),
             ("activations", self.activations),
+            *([("pipeline buffers", self.pipeline_buffers)] if self.pipeline_parallel > 1 else []),
             ("overhead", self.overhead),
             ("total", self.total),
         ]
         if self.host:
             rows.append(("host (offloaded)", self.host))
-        return "\n".join([f"{self.choice} on {self.world_size} rank(s), per rank:", *gib_rows(rows)])
+        lines = [f"{self.choice} on {self.world_size} rank(s), per rank:", *gib_rows(rows)]
+        if self.pipeline_parallel > 1:
+            lines[1:1] = [f"  pipeline rank {self.pipeline_rank} of {self.pipeline_parallel} (the fullest), "
+                          f"{self.micro_batches} micro-batches per step, bubble {self.bubble:.1%}:",
+                          *(f"    {stage}" for stage in self.stages)]
+        sent = self.communication
+        lines += [f"  communication per step, sent by each rank: {sent.total / GIB:.2f} GiB",
+                  *(f"  {row}" for row in gib_rows(sent.rows()))]
+        return "\n".join(lines)
 
 
 class InsufficientMemoryError(ConfigError):
@@ -196,7 +242,8 @@ def block_units(cfg: BrainAIConfig, tensor_parallel: int = 1) -> dict[str, float
     return units
 
 
-def activation_units(cfg: BrainAIConfig, checkpointing: str, every: int = 2, tensor_parallel: int = 1) -> float:
+def activation_units(cfg: BrainAIConfig, checkpointing: str, every: int = 2, tensor_parallel: int = 1,
+                     held: Sequence[tuple[range, int]] = ()) -> float:
     """Saved activations per token and rank, in units of d_model elements.
 
     Counted from what each wrap unit keeps for backward (tests measure them
@@ -209,6 +256,11 @@ def activation_units(cfg: BrainAIConfig, checkpointing: str, every: int = 2, ten
     checkpointed block keeps only its input (1 unit; a split block's 1/tp,
     its sequence shard), and one checkpointed block at a time is recomputed
     in full. `full` checkpoints every block, `selective` every `every`-th.
+
+    `held`: under a pipeline, the (units, micro-batches in flight) of each
+    stage one rank runs (units: indices into that forward order): what each
+    keeps per micro-batch times its micro-batches, plus one recomputed block.
+    Empty: the whole model, one micro-batch.
     """
     per_block = block_units(cfg, tensor_parallel)
     units, inputs = [1.0], [1.0]  # per leaf block, kept and kept when checkpointed: encoders, the stacks, meta, heads
@@ -218,24 +270,28 @@ def activation_units(cfg: BrainAIConfig, checkpointing: str, every: int = 2, ten
     units += [4.0, 3.0]
     inputs += [1.0, 1.0]
     blocks = range(len(units))
-    chosen = {"none": [], "full": list(blocks), "selective": list(blocks[every - 1 :: every])}[checkpointing]
-    if not chosen:
-        return sum(units)
-    return sum(units) - sum(units[i] for i in chosen) + sum(inputs[i] for i in chosen) + max(units[i] for i in chosen)
+    chosen = set({"none": [], "full": blocks, "selective": blocks[every - 1 :: every]}[checkpointing])
+    kept = [inputs[i] if i in chosen else units[i] for i in blocks]
+    held = held or [(blocks, 1)]
+    saved = sum(count * sum(kept[i] for i in run) for run, count in held)
+    return saved + max((units[i] for run, _ in held for i in run if i in chosen), default=0.0)
 
 
 def activation_bytes(
     cfg: BrainAIConfig, precision: str, micro_batch_size: int, seq_len: int, checkpointing: str, every: int = 2,
-    tensor_parallel: int = 1,
+    tensor_parallel: int = 1, held: Sequence[tuple[range, int]] = (),
 ) -> int:
     """micro_batch * seq_len * (activation_units * d_model * element bytes + 2 * vocab * 4), per rank.
 
     The second term is the float32 logits and log-probabilities of the loss (the heads are replicated: whole
-    at any tensor_parallel).
+    at any tensor_parallel), kept by the stage that holds the heads (`held`, as activation_units) for each of its
+    micro-batches in flight.
     """
     tokens = micro_batch_size * seq_len
-    per_token = activation_units(cfg, checkpointing, every, tensor_parallel) * cfg.d_model * PARAM_BYTES[precision]
-    return int(tokens * (per_token + 2 * cfg.vocab_size * LOGIT_BYTES))
+    per_token = activation_units(cfg, checkpointing, every, tensor_parallel, held) * cfg.d_model * PARAM_BYTES[precision]
+    heads = pipeline_unit_count(cfg) - 1
+    losses = sum(count for run, count in held if heads in run) if held else 1
+    return int(tokens * (per_token + losses * 2 * cfg.vocab_size * LOGIT_BYTES))
 
 
 def _check_inputs(
@@ -247,8 +303,11 @@ def _check_inputs(
     world_size: int,
     cpu_offload: bool,
     node_size: Optional[int],
-    checkpointing: str = "none",
-    tensor_parallel: int = 1,
+    checkpointing: str,
+    tensor_parallel: int,
+    pipeline: DistributedConfig,
+    micro_batches: int,
+    units: int,
 ) -> None:
     errors = [
         FieldError(path, f"must be one of {', '.join(choices)}; got {value!r}")
@@ -257,6 +316,7 @@ def _check_inputs(
             ("distributed.fsdp_sharding", fsdp_sharding, FSDP_SHARDING),
             ("distributed.mixed_precision_policy", precision, PRECISIONS),
             ("distributed.activation_checkpointing", checkpointing, ACTIVATION_CHECKPOINTING),
+            ("distributed.pipeline_schedule", pipeline.pipeline_schedule, PIPELINE_SCHEDULES),
         )
         if value not in choices
     ]
@@ -264,6 +324,7 @@ def _check_inputs(
         ("training.micro_batch_size", micro_batch_size),
         ("training.seq_len", seq_len),
         ("world_size", world_size),
+        ("distributed.gradient_accumulation_steps", micro_batches),
     )
     errors += [FieldError(path, f"must be >= 1, got {value}") for path, value in counts if value < 1]
     if strategy == "single" and world_size != 1:
@@ -287,6 +348,9 @@ def _check_inputs(
         if hybrid and node_size and node_size % tensor_parallel:
             errors.append(FieldError("distributed.tensor_parallel",
                                      f"{tensor_parallel} does not divide the ranks per node {node_size}"))
+    if not errors:
+        errors += [FieldError(path, message) for path, message in
+                   pipeline_problems(strategy, world_size, tensor_parallel, pipeline, micro_batches, units)]
     if errors:
         raise ConfigError(errors)
 
@@ -306,8 +370,13 @@ def plan_memory(
     node_size: Optional[int] = None,
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
     tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
+    pipeline_schedule: str = "1f1b",
+    stages_per_rank: int = 1,
+    micro_batches: int = 1,
 ) -> MemoryPlan:
-    """Bytes per rank for `model` (a BrainAIConfig or a preset name) trained with AdamW.
+    """Bytes per rank for `model` (a BrainAIConfig or a preset name) trained with AdamW, `micro_batches` per
+    optimizer step; under a pipeline, of its fullest pipeline rank.
 
     See the module docstring for the formulas. seq_len defaults to the
     model's max_seq_len; node_size (ranks per node) is needed for
@@ -315,54 +384,83 @@ def plan_memory(
     """
     cfg = _model_config(model)
     seq_len = cfg.max_seq_len if seq_len is None else seq_len
+    pipeline = DistributedConfig(pipeline_parallel=pipeline_parallel, pipeline_schedule=pipeline_schedule,
+                                 virtual_stages=stages_per_rank)
     _check_inputs(strategy, fsdp_sharding, precision, micro_batch_size, seq_len, world_size, cpu_offload, node_size,
-                  activation_checkpointing, tensor_parallel)
-
-    units = wrap_unit_params(cfg, tensor_parallel)  # what one tp rank holds of each unit
-    n_params, unit = sum(units), max(units)
-    dp = world_size // tensor_parallel
+                  activation_checkpointing, tensor_parallel, pipeline, micro_batches, pipeline_unit_count(cfg))
+    choice = StrategyChoice(strategy, fsdp_sharding, activation_checkpointing, cpu_offload, tensor_parallel,
+                            pipeline_parallel, pipeline_schedule, stages_per_rank)
+    tp, pp, m = tensor_parallel, pipeline_parallel, micro_batches
+    units = wrap_unit_params(cfg, tp)  # what one tp rank holds of each unit
+    dp = world_size // (tp * pp)
     param_b = PARAM_BYTES[precision]
     optim_b = ADAM_MOMENT_BYTES + (MASTER_WEIGHT_BYTES if param_b < 4 else 0)
-
     sharding = fsdp_sharding if strategy == "fsdp" else "no_shard"
     shard = {"no_shard": 1, "shard_grad_op": dp, "full_shard": dp,
-             "hybrid_shard": node_size // tensor_parallel if node_size else node_size}[sharding]
-    # the sharded (or replicated) states, then the unsharded working copies on top
-    params = n_params * param_b if sharding == "shard_grad_op" else n_params * param_b // shard
-    grads = n_params * param_b // shard
-    optim = n_params * optim_b // shard
-    gathered_params = gathered_grads = 0
-    if sharding in ("full_shard", "hybrid_shard"):
-        gathered_params, gathered_grads = 2 * unit * param_b, unit * param_b
-    host = 0
-    if cpu_offload:
-        host, params, grads, optim = params + grads + optim, 0, 0, 0
+             "hybrid_shard": node_size // tp if node_size else node_size}[sharding]
+    boundary = micro_batch_size * seq_len * cfg.d_model * param_b  # one activation between two stages
 
-    return MemoryPlan(
-        choice=StrategyChoice(strategy, fsdp_sharding, activation_checkpointing, cpu_offload, tensor_parallel),
-        world_size=world_size,
-        shard_size=shard,
-        parameters=params + gathered_params,
-        gradients=grads + gathered_grads,
-        optimizer_state=optim,
-        activations=activation_bytes(
-            cfg, precision, micro_batch_size, seq_len, activation_checkpointing, activation_checkpointing_every,
-            tensor_parallel,
-        ),
-        overhead=overhead_bytes,
-        host=host,
-        tensor_parallel=tensor_parallel,
-    )
+    def rank_plan(rank: int, stages: list[RankStage]) -> MemoryPlan:
+        """Pipeline rank `rank`, which runs `stages` (without a pipeline: the whole model)."""
+        held = [units[i] for stage in stages for i in stage.units]
+        n_params, unit = sum(held), max(held)
+        # the sharded (or replicated) states, then the unsharded working copies on top
+        params = n_params * param_b if sharding == "shard_grad_op" else n_params * param_b // shard
+        grads = n_params * param_b // shard
+        optim = n_params * optim_b // shard
+        gathered_params = gathered_grads = 0
+        if sharding in ("full_shard", "hybrid_shard"):
+            gathered_params, gathered_grads = 2 * unit * param_b, unit * param_b
+            if pp > 1:  # torch 2.13's stages keep them gathered from the first backward on (stage.py:
+                gathered_params = n_params * param_b  # set_reshard_after_backward(False) until perform_reduce_grad)
+        if sharding != "no_shard" and m > 1:
+            # FSDP2 reduce-scatters on the last micro-batch only (accumulation.py, torch's stages): until then every
+            # gradient accumulates unsharded in fp32 (_fsdp_param.py: to_accumulated_grad_if_needed), beside the
+            # running unit's fresh one
+            gathered_grads = n_params * REDUCE_BYTES + unit * param_b
+        host = 0
+        if cpu_offload:
+            host, params, grads, optim = params + grads + optim, 0, 0, 0
+        counts = in_flight(pipeline_schedule, pp, stages_per_rank, m, rank) if pp > 1 else (1,)
+        return MemoryPlan(
+            choice=choice,
+            world_size=world_size,
+            shard_size=shard,
+            parameters=params + gathered_params,
+            gradients=grads + gathered_grads,
+            optimizer_state=optim,
+            activations=activation_bytes(cfg, precision, micro_batch_size, seq_len, activation_checkpointing,
+                                         activation_checkpointing_every, tp,
+                                         [(stage.units, count) for stage, count in zip(stages, counts)]),
+            overhead=overhead_bytes,
+            host=host,
+            held_params=n_params,
+            tensor_parallel=tp,
+            pipeline_parallel=pp,
+            pipeline_rank=rank,
+            stages=tuple(stage.describe(count) for stage, count in zip(stages, counts)) if pp > 1 else (),
+            pipeline_buffers=sum(receive_buffers(stage, m) for stage in stages) * boundary,
+            micro_batches=m,
+            bubble=bubble_fraction(pipeline, m),
+            communication=step_communication(
+                strategy=strategy, sharding=sharding, params=n_params, param_bytes=param_b, shard=shard, dp=dp,
+                micro_batches=m, activation=boundary, split_blocks=split_blocks(stages), tensor_parallel=tp,
+                sends=sum(receive_buffers(stage, 1) for stage in stages)),  # what its neighbours receive
+        )
+
+    ranks = rank_units(cfg, seq_len, pp, stages_per_rank, tp)
+    return max((rank_plan(rank, stages) for rank, stages in enumerate(ranks)), key=lambda plan: plan.total)
 
 
 def strategy_ladder(
-    world_size: int, activation_checkpointing: str = "none", cpu_offload: bool = False, tensor_parallel: int = 1
+    world_size: int, activation_checkpointing: str = "none", cpu_offload: bool = False, tensor_parallel: int = 1,
+    pipeline_parallel: int = 1, pipeline_schedule: str = "1f1b", stages_per_rank: int = 1,
 ) -> list[StrategyChoice]:
     """The options `choose_strategy` tries, cheapest (least communication and recompute) first.
 
     What the user already requested stays on in every option (the checkpointing
     rungs check every block); options that cannot honour a requested CPU
-    offload, or tensor parallelism (fsdp only), are left out.
+    offload, or tensor or pipeline parallelism (fsdp only), are left out.
     """
     ladder = [
         StrategyChoice("single" if world_size == 1 else "ddp"),
@@ -375,7 +473,7 @@ def strategy_ladder(
     for option in ladder:
         if cpu_offload and (option.strategy, option.fsdp_sharding) != ("fsdp", "full_shard"):
             continue
-        if tensor_parallel > 1 and option.strategy != "fsdp":
+        if (tensor_parallel > 1 or pipeline_parallel > 1) and option.strategy != "fsdp":
             continue
         option = replace(
             option,
@@ -384,6 +482,9 @@ def strategy_ladder(
             ),
             cpu_offload=option.cpu_offload or cpu_offload,
             tensor_parallel=tensor_parallel,
+            pipeline_parallel=pipeline_parallel,
+            pipeline_schedule=pipeline_schedule,
+            stages_per_rank=stages_per_rank,
         )
         if option not in out:
             out.append(option)
@@ -396,6 +497,13 @@ def tensor_parallel_options(model: BrainAIConfig | str, ranks_per_node: int) -> 
     cfg = _model_config(model)
     return [tp for tp in range(1, ranks_per_node + 1)
             if ranks_per_node % tp == 0 and cfg.n_heads % tp == 0 and cfg.ffn_hidden % tp == 0]
+
+
+def pipeline_parallel_options(model: BrainAIConfig | str, ranks: int, stages_per_rank: int = 1) -> list[int]:
+    """The pipeline degrees above 1 `strategy: auto` may add, smallest first: those dividing `ranks` (the world over
+    the tensor-parallel degree) that leave every stage a block to run."""
+    units = pipeline_unit_count(_model_config(model))
+    return [pp for pp in range(2, ranks + 1) if ranks % pp == 0 and pp * stages_per_rank <= units]
 
 
 def plan_ladder(
@@ -411,27 +519,48 @@ def plan_ladder(
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
     tensor_parallel: Optional[int] = 1,
     ranks_per_node: Optional[int] = None,
+    pipeline_parallel: Optional[int] = 1,
+    pipeline_schedule: str = "1f1b",
+    stages_per_rank: int = 1,
+    micro_batches: int = 1,
 ) -> list[tuple[StrategyChoice, MemoryPlan]]:
     """The options `strategy: auto` tries, cheapest first, each with its per-rank plan.
 
     A set tensor_parallel: every option of `strategy_ladder` at that degree. None (the job leaves it unset): every
     degree of `tensor_parallel_options` for nodes of `ranks_per_node` ranks (unknown: 1 only), smallest first, each
-    with the options that keep the states on the device; then the CPU-offload options, smallest degree first (a tp
-    group's all-reduces inside a node cost less than moving every state over PCIe each step).
+    with the options that keep the states on the device. Then, where pipeline_parallel is None and the node is
+    known, each degree of `pipeline_parallel_options` at the largest tensor-parallel degree, smallest first (a
+    stage boundary sends one activation per micro-batch, a tp group all-reduces several per block: tp inside a node
+    first). Then the CPU-offload options, in the same order (moving every state over PCIe each step costs more).
+
+    `micro_batches`: per optimizer step at the job's own degrees; a degree the planner picks multiplies it, as
+    `resolve_distributed` keeps the global batch. So a picked pipeline always gets a multiple of its degree:
+    never fewer micro-batches than stages, whole rounds under interleaved-1f1b (layout.micro_batch_problems).
     """
     shape = dict(precision=precision, micro_batch_size=micro_batch_size, seq_len=seq_len, world_size=world_size,
-                 activation_checkpointing_every=activation_checkpointing_every, overhead_bytes=overhead_bytes)
+                 activation_checkpointing_every=activation_checkpointing_every, overhead_bytes=overhead_bytes,
+                 pipeline_schedule=pipeline_schedule)
     degrees = [1 if tensor_parallel is None else tensor_parallel]
     if tensor_parallel is None and ranks_per_node:
         degrees = [tp for tp in tensor_parallel_options(model, ranks_per_node) if world_size % tp == 0]
+    layouts = [(tp, 1 if pipeline_parallel is None else pipeline_parallel) for tp in degrees]
+    if pipeline_parallel is None and ranks_per_node:
+        layouts += [(degrees[-1], pp) for pp in pipeline_parallel_options(model, world_size // degrees[-1],
+                                                                          stages_per_rank)]
+
+    def picked(tp: int, pp: int) -> int:
+        return micro_batches * (tp if tensor_parallel is None else 1) * (pp if pipeline_parallel is None else 1)
+
     ladder = [
         (option, plan_memory(model, option.strategy, fsdp_sharding=option.fsdp_sharding,
                              activation_checkpointing=option.activation_checkpointing, cpu_offload=option.cpu_offload,
-                             tensor_parallel=tp, **shape))
-        for tp in degrees
-        for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload, tp)
+                             tensor_parallel=tp, pipeline_parallel=pp, stages_per_rank=option.stages_per_rank,
+                             micro_batches=picked(tp, pp), **shape))
+        for tp, pp in layouts
+        for option in strategy_ladder(world_size, activation_checkpointing, cpu_offload, tp, pp, pipeline_schedule,
+                                      stages_per_rank if pp > 1 else 1)
     ]
-    # stable: keeps the degrees' order, and each ladder's (where offload already comes last)
+    # stable: keeps the layouts' order, and each ladder's (where offload already comes last)
     return sorted(ladder, key=lambda entry: entry[0].cpu_offload and not cpu_offload)
 
 
@@ -439,12 +568,13 @@ def first_fit(
     ladder: list[tuple[StrategyChoice, MemoryPlan]], device_memory_bytes: int, model: BrainAIConfig | str,
     name: Names = str,
 ) -> tuple[StrategyChoice, MemoryPlan]:
-    """The cheapest planned option that fits, else InsufficientMemoryError for the last, smallest one (its
-    fields spelled by `name`: the trainer's keys unless told)."""
+    """The cheapest planned option that fits, else InsufficientMemoryError for the smallest one (its fields spelled
+    by `name`: the trainer's keys unless told)."""
     for option, plan in ladder:
         if plan.fits(device_memory_bytes):
             return option, plan
-    raise InsufficientMemoryError(ladder[-1][1], device_memory_bytes, _model_name(model), name)
+    smallest = min((plan for _, plan in ladder), key=lambda plan: plan.total)
+    raise InsufficientMemoryError(smallest, device_memory_bytes, _model_name(model), name)
 
 
 def choose_strategy(
@@ -461,6 +591,10 @@ def choose_strategy(
     overhead_bytes: int = RUNTIME_OVERHEAD_BYTES,
     tensor_parallel: Optional[int] = 1,
     ranks_per_node: Optional[int] = None,
+    pipeline_parallel: Optional[int] = 1,
+    pipeline_schedule: str = "1f1b",
+    stages_per_rank: int = 1,
+    micro_batches: int = 1,
 ) -> tuple[StrategyChoice, MemoryPlan]:
     """The first option of `plan_ladder` whose plan fits in device_memory_bytes per rank.
 
@@ -479,6 +613,10 @@ def choose_strategy(
         overhead_bytes=overhead_bytes,
         tensor_parallel=tensor_parallel,
         ranks_per_node=ranks_per_node,
+        pipeline_parallel=pipeline_parallel,
+        pipeline_schedule=pipeline_schedule,
+        stages_per_rank=stages_per_rank,
+        micro_batches=micro_batches,
     )
     return first_fit(ladder, device_memory_bytes, model)
 
@@ -489,21 +627,23 @@ def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes
 
     auto starts from the preset's recommendations (`TrainerConfig.resolved`). One rank -> single; unknown device
     memory (CPU) or a user entrypoint (whose size the planner cannot know without torch) -> ddp, or fsdp under
-    tensor parallelism (the one strategy it composes with, layout.py); otherwise the planner's cheapest fit for
-    the preset (among fsdp's options under tensor parallelism), with training.micro_batch_size, training.seq_len,
-    distributed.mixed_precision_policy and distributed.tensor_parallel. A job that leaves tensor_parallel unset lets
-    the planner pick the smallest degree that fits in nodes of `ranks_per_node` ranks (`plan_ladder`); a picked
-    degree above 1 multiplies gradient_accumulation_steps by it when training.global_batch_size is unset, so the
-    global batch stays the one the job names at every degree (what the operator reports).
+    tensor or pipeline parallelism (the one strategy they compose with, layout.py); otherwise the planner's
+    cheapest fit for the preset, with training.micro_batch_size, training.seq_len, the micro-batches per step,
+    distributed.mixed_precision_policy and the job's tensor_parallel and pipeline_parallel. A job that leaves
+    them unset lets the planner pick the smallest tensor-parallel degree that fits in nodes of `ranks_per_node`
+    ranks, then the smallest pipeline (`plan_ladder`); a picked degree above 1 multiplies
+    gradient_accumulation_steps by it when training.global_batch_size is unset (set, the trainer's accumulation
+    grows by it alike), so the global batch stays the one the job names at every layout (what the operator
+    reports).
     """
     if cfg.distributed.strategy != "auto":
         return cfg.distributed
     dist = cfg.resolved().distributed
-    tp = dist.tp
-    if world_size == 1 and tp == 1:
-        return replace(dist, strategy="single", tensor_parallel=1)
+    tp, pp = dist.tp, dist.pp
+    if world_size == 1 and tp == 1 and pp == 1:
+        return replace(dist, strategy="single", tensor_parallel=1, pipeline_parallel=1)
     if device_memory_bytes is None or cfg.model.entrypoint:
-        return replace(dist, strategy="fsdp" if tp > 1 else "ddp", tensor_parallel=tp)
+        return replace(dist, strategy="fsdp" if tp > 1 or pp > 1 else "ddp", tensor_parallel=tp, pipeline_parallel=pp)
     choice, _ = choose_strategy(
         planned_model(cfg.model),
         world_size=world_size,
@@ -516,10 +656,15 @@ def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes
         cpu_offload=dist.cpu_offload,
         tensor_parallel=dist.tensor_parallel,
         ranks_per_node=ranks_per_node,
+        pipeline_parallel=dist.pipeline_parallel,
+        pipeline_schedule=dist.pipeline_schedule,
+        stages_per_rank=dist.stages_per_rank,
+        micro_batches=cfg.accumulation_steps(world_size),
     )
     accumulation = dist.gradient_accumulation_steps
-    if dist.tensor_parallel is None and cfg.training.global_batch_size is None:
-        accumulation *= choice.tensor_parallel
+    if cfg.training.global_batch_size is None:
+        accumulation *= (choice.tensor_parallel if dist.tensor_parallel is None else 1) * (
+            choice.pipeline_parallel if dist.pipeline_parallel is None else 1)
     return replace(
         dist,
         strategy=choice.strategy,
@@ -527,6 +672,7 @@ def resolve_distributed(cfg: TrainerConfig, world_size: int, device_memory_bytes
         activation_checkpointing=choice.activation_checkpointing,
         cpu_offload=choice.cpu_offload,
         tensor_parallel=choice.tensor_parallel,
+        pipeline_parallel=choice.pipeline_parallel,
         gradient_accumulation_steps=accumulation,
     )
 
@@ -591,7 +737,7 @@ def plan_host_memory(
 ) -> HostPlan:
     """Host memory per rank for `plan` (see the module docstring); `accelerator`: the device is a GPU, else the CPU."""
     cfg = _model_config(model)
-    held = -(-sum(wrap_unit_params(cfg, plan.tensor_parallel)) // plan.shard_size)
+    held = -(-plan.held_params // plan.shard_size)
     return HostPlan(
         plan=plan,
         accelerator=accelerator,
@@ -617,7 +763,9 @@ def rank_estimate(cfg: TrainerConfig, dist: DistributedConfig, world_size: int, 
             micro_batch_size=cfg.training.micro_batch_size, seq_len=cfg.training.seq_len, world_size=world_size,
             activation_checkpointing=dist.activation_checkpointing,
             activation_checkpointing_every=dist.activation_checkpointing_every, cpu_offload=dist.cpu_offload,
-            node_size=node_size, tensor_parallel=dist.tp,
+            node_size=node_size, tensor_parallel=dist.tp, pipeline_parallel=dist.pp,
+            pipeline_schedule=dist.pipeline_schedule, stages_per_rank=dist.stages_per_rank,
+            micro_batches=replace(cfg, distributed=dist).accumulation_steps(world_size),
         )
     except ConfigError:
         return None
