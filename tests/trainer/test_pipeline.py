@@ -5,15 +5,18 @@ names, initialised bitwise as one process initialises the whole model."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 
 import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.utils.data import Dataset
 
 from brain_trainer.config import DistributedConfig, ModelConfig, TrainerConfig
 from brain_trainer.loop.accumulation import GradientAccumulator
+from brain_trainer.loop.evaluation import Evaluator
 from brain_trainer.loop.train import build_and_wrap, check_micro_batches, loss_fn
 from brain_trainer.model.materialize import Initializer, build
 from brain_trainer.parallel.ddp import all_reduce_weighted_mean
@@ -42,20 +45,20 @@ def _trained(rank: int, world_size: int, schedule: str, tp: int, with_gradients:
     model = wrapper.setup(rank, world_size)
     optimizer = optimizer_for(model)
     clip = GradientAccumulator(1, model=model, max_grad_norm=1e9, pipeline_group=wrapper.pipeline_group)  # measures
-    losses, gradients, norm = [], {}, None
+    losses, gradients, norm, evaluated = [], {}, None, None
     for step, tokens in enumerate(global_batches(STEPS, MICRO_BATCH * MICRO_BATCHES * layout.dp)):
         mine = rank_slice(tokens, layout.dp_rank(rank), layout.dp)
         loss = wrapper.step(mine[:, :-1], mine[:, 1:])
-        if step == 0:
-            if with_gradients:
-                gradients = {name: p.grad.full_tensor().tolist() for name, p in model.named_parameters()}
-            clip.apply(optimizer)
-            norm = clip.last_grad_norm
-        else:
-            clip.apply(optimizer)
+        if step == 0 and with_gradients:
+            gradients = {name: p.grad.full_tensor().tolist() for name, p in model.named_parameters()}
+        clip.apply(optimizer)
+        norm = clip.last_grad_norm if step == 0 else norm
         losses.append(all_reduce_weighted_mean(0.0 if loss is None else loss.item(), float(loss is not None)))
-    return dict(losses=losses, gradients=gradients, norm=norm, held=sorted({name.rsplit(".", 1)[0] for name in
-                                                                              dict(model.named_parameters())}),
+        if step == 0:  # a forward-only pass between two training steps (the loop's evaluation) changes nothing
+            logits = wrapper.logits(mine[:, :-1], mine[:, 1:])
+            evaluated = None if logits is None else tuple(logits.shape)
+    return dict(losses=losses, gradients=gradients, norm=norm, evaluated=evaluated,
+                held=sorted({name.rsplit(".", 1)[0] for name in dict(model.named_parameters())}),
                 stages=[stage.index for stage in wrapper.stages])
 
 
@@ -90,6 +93,9 @@ def test_every_layout_and_schedule_trains_like_one_process(ranks, name):
     for r in (rank[name] for rank in ranks):
         assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(r["losses"], reference)), (r["losses"], reference)
         assert abs(r["norm"] - norm) <= 1e-4 * norm, (r["norm"], norm)
+        # logits of a forward-only pass on the last stage only: pipeline rank 1 (interleaved: stage 3 on it too)
+        last = r["stages"][-1] == max(r["stages"][-1] for r in (rank[name] for rank in ranks))
+        assert r["evaluated"] == ((MICRO_BATCH * MICRO_BATCHES, SEQ_LEN, 256) if last else None)
     if LAYOUTS[name][2]:
         gradients = {}
         for rank in ranks:
@@ -132,6 +138,37 @@ def test_pipeline_ranks_of_the_trainer_initialise_bitwise_as_one_process(ranks):
         assert merged == whole, layout
 
 
+class Windows(Dataset):
+    """`count` (tokens, targets) windows of SEQ_LEN, counting from the window's index."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = (torch.arange(SEQ_LEN + 1) * (i + 1)) % 256
+        return tokens[:-1], tokens[1:]
+
+
+def test_evaluation_in_pipeline_passes_pads_and_counts_each_window_once():
+    """7 windows in micro-batches of 3 (the last of 1), two micro-batches a pass: two passes of 6 rows each
+    (padded), the same loss as one micro-batch at a time."""
+    model = minimal_model()
+    shapes = []
+
+    def forward(x, y):
+        shapes.append(tuple(x.shape))
+        return model(x)
+
+    one = Evaluator(Windows(7), 3, 5, 0, 1, torch.device("cpu"), contextlib.nullcontext)(model)
+    passes = Evaluator(Windows(7), 3, 5, 0, 1, torch.device("cpu"), contextlib.nullcontext,
+                       micro_batches=2)(model, forward=forward)
+    assert shapes == [(6, SEQ_LEN), (6, SEQ_LEN)]
+    assert passes.tokens == one.tokens == 7 * SEQ_LEN and passes.loss == pytest.approx(one.loss, rel=1e-6)
+
+
 def _micro(pp: int, schedule: str, global_batch: int) -> TrainerConfig:
     return TrainerConfig.from_dict({
         "training": {"micro_batch_size": 1, "global_batch_size": global_batch},
@@ -152,3 +189,9 @@ def test_too_few_micro_batches_are_refused_and_few_warned_about(caplog):
         check_micro_batches(cfg, cfg.distributed, 8)
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "4 micro-batches per step for 2 pipeline stages: each rank idles 20% of a step" in warning
+
+
+def test_fp16_is_refused_under_a_pipeline():
+    with pytest.raises(ConfigError, match=r"distributed.mixed_precision_policy: fp16 needs a gradient scaler"):
+        TrainerConfig.from_dict({"distributed": {"strategy": "fsdp", "pipeline_parallel": 2,
+                                                 "mixed_precision_policy": "fp16"}})

@@ -430,7 +430,10 @@ class BrainAI(nn.Module):
         units: list[nn.Module] = []
         for module in self.children():
             if isinstance(module, BlockStack):
-                units.extend(block for block in module.blocks if isinstance(block, Block))
+                blocks = [block for block in module.blocks if isinstance(block, Block)]
+                if not blocks:
+                    continue  # every block is another pipeline rank's
+                units.extend(blocks)
             if isinstance(module, Block):  # a pipeline placeholder (nn.Identity) is no unit
                 units.append(module)
         return units

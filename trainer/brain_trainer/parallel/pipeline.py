@@ -129,10 +129,6 @@ class PipelineWrapper(ProcessGroupUser):
         if not isinstance(cfg, BrainAIConfig):
             raise ConfigError([FieldError("distributed.pipeline_parallel",
                                           f"cuts a BrainAI at its block boundaries; got a {type(self.model).__name__}")])
-        if self.config.mixed_precision_policy == "fp16":
-            raise ConfigError([FieldError("distributed.mixed_precision_policy",
-                                          "fp16 needs a gradient scaler around each micro-batch's backward, which the "
-                                          "pipeline schedules run themselves: use bf16 under pipeline parallelism")])
         plan = stage_plan(cfg, self.steps.seq_len, layout.pp, layout.stages_per_rank, layout.tp)
         self.stages = [stage for stage in plan if stage.rank == layout.pp_rank(rank)]
         self.whole = {name: tuple(tensor.shape) for name, tensor in self.model.state_dict().items()}
