@@ -107,9 +107,12 @@ def test_pipelines_train_like_dp4(runs, layout):
     # each sample once per step (every stage and tp rank of a pipeline reads the same batch, one logs it)
     samples = _samples(folder)
     assert samples == _samples(dp4) and all(len(s) == 8 for s in samples.values())
-    # rank 0 (the first stage) says the layout and logs the last stage's loss
+    # rank 0 (the first stage) says the layout and its stages, as well as what every layout says
     (said,) = [line for line in lines if line.startswith("rank 0: pipeline parallel 2")]
     assert "schedule 1f1b, 1 stage(s) per rank; this rank runs stage 0: encoders, snn_core.blocks.0" in said
+    tp = LAYOUTS[layout].get("tensor_parallel", 1)
+    assert any(f"(tensor parallel {tp}, pipeline parallel 2)" in line for line in lines)
+    assert any(line.startswith("model FLOPs per token") for line in lines)
 
 
 @pytest.mark.parametrize("name", ["pp2 -> dp4", "dp4 -> tp2 x pp2"])

@@ -368,18 +368,18 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
                      compiling=wrapper.compile_backend is not None)
     if rank == 0:
         log.info(
-            "training %s with %s on %d rank(s) (tensor parallel %d), %s: micro-batch %d x %d accumulation x %d "
-            "data-parallel ranks = %d sequences/step, from step %d",
-            preset, dist_cfg.strategy, world_size, layout.tp, device.type,
+            "training %s with %s on %d rank(s) (tensor parallel %d, pipeline parallel %d), %s: micro-batch %d x %d "
+            "accumulation x %d data-parallel ranks = %d sequences/step, from step %d",
+            preset, dist_cfg.strategy, world_size, layout.tp, layout.pp, device.type,
             training.micro_batch_size, batch.accumulation_steps(world_size), layout.dp, global_batch, state.step,
         )
+        log.info("model FLOPs per token: %.3g at sequence length %d (6 x parameters: %.3g)", flops_per_token,
+                 training.seq_len, six_n_flops_per_token(parameters))
     if pipeline is not None:
         log.info("rank %d: pipeline parallel %d x data parallel %d x tensor parallel %d, schedule %s, %d stage(s) per "
                  "rank; this rank runs %s", rank, layout.pp, layout.dp, layout.tp, dist_cfg.pipeline_schedule,
                  layout.stages_per_rank, "; ".join(f"stage {stage.index}: {', '.join(stage.names)}"
                                                    for stage in pipeline.stages))
-        log.info("model FLOPs per token: %.3g at sequence length %d (6 x parameters: %.3g)", flops_per_token,
-                 training.seq_len, six_n_flops_per_token(parameters))
     return Trainer(wrapper=wrapper, model=model, optimizer=optimizer, scheduler=scheduler, accumulator=accumulator,
                    state=state, ckpt=ckpt, preemption=preemption, batches=iter(loader), evaluator=evaluator,
                    sample_log=sample_log, autocast=autocast, device=device, global_batch=global_batch)
