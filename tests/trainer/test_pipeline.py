@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 
 import pytest
 import torch
@@ -27,19 +28,25 @@ from harness import run_ranks
 from parity import SEQ_LEN, global_batches, minimal_model, optimizer_for, rank_slice, reference_gradients, reference_losses
 
 WORLD, MICRO_BATCH, MICRO_BATCHES, STEPS, SEED = 4, 2, 2, 3, 7
-# (schedule, tensor parallel, whether the rank returns its first step's gradients)
-LAYOUTS = {"1f1b": ("1f1b", 1, True), "gpipe": ("gpipe", 1, False), "interleaved": ("interleaved-1f1b", 1, False),
-           "tp2 x pp2": ("1f1b", 2, True)}
+# (schedule, tensor parallel, whether the rank returns its first step's gradients, other distributed settings)
+LAYOUTS = {
+    "1f1b": ("1f1b", 1, True, {}), "gpipe": ("gpipe", 1, False, {}), "interleaved": ("interleaved-1f1b", 1, False, {}),
+    "tp2 x pp2": ("1f1b", 2, True, {}),
+    # every block recomputed in backward; hybrid_shard over nodes of 2 ranks: each stage's 2 ranks are one node
+    "checkpointed, hybrid": ("1f1b", 1, False, {"activation_checkpointing": "full", "fsdp_sharding": "hybrid_shard"}),
+}
+NODE = 2  # ranks per node (LOCAL_WORLD_SIZE) for hybrid_shard
 
 
 def _digests(state: dict) -> dict[str, str]:
     return {name: hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest() for name, t in state.items()}
 
 
-def _trained(rank: int, world_size: int, schedule: str, tp: int, with_gradients: bool) -> dict:
+def _trained(rank: int, world_size: int, schedule: str, tp: int, with_gradients: bool, settings: dict) -> dict:
     """STEPS optimizer steps of MICRO_BATCHES micro-batches each on this rank's data-parallel slice."""
-    config = DistributedConfig(strategy="fsdp", pipeline_parallel=2, pipeline_schedule=schedule, tensor_parallel=tp)
-    layout = build_layout(config, world_size, world_size)
+    config = DistributedConfig(strategy="fsdp", pipeline_parallel=2, pipeline_schedule=schedule, tensor_parallel=tp,
+                               **settings)
+    layout = build_layout(config, world_size, NODE)
     wrapper = PipelineWrapper(minimal_model(), config,
                               steps=PipelineSteps(seq_len=SEQ_LEN, micro_batches=MICRO_BATCHES, loss_fn=loss_fn))
     model = wrapper.setup(rank, world_size)
@@ -59,7 +66,7 @@ def _trained(rank: int, world_size: int, schedule: str, tp: int, with_gradients:
             evaluated = None if logits is None else tuple(logits.shape)
     return dict(losses=losses, gradients=gradients, norm=norm, evaluated=evaluated,
                 held=sorted({name.rsplit(".", 1)[0] for name in dict(model.named_parameters())}),
-                stages=[stage.index for stage in wrapper.stages])
+                stages=[stage.index for stage in wrapper.stages], mesh=wrapper.mesh.mesh_dim_names)
 
 
 def _initialised(rank: int, world_size: int, distributed: dict) -> dict[str, str]:
@@ -72,9 +79,11 @@ def _initialised(rank: int, world_size: int, distributed: dict) -> dict[str, str
 
 
 def _ranks(rank: int, world_size: int) -> dict:
+    os.environ["LOCAL_WORLD_SIZE"] = str(NODE)  # a spawned rank's own environment: the trainer reads it
     results = {name: _trained(rank, world_size, *layout) for name, layout in LAYOUTS.items()}
     results["init"] = {name: _initialised(rank, world_size, {"strategy": "fsdp", "pipeline_parallel": 2, **extra})
-                       for name, extra in (("pp2", {}), ("tp2 x pp2", {"tensor_parallel": 2}))}
+                       for name, extra in (("pp2", {}), ("tp2 x pp2", {"tensor_parallel": 2}),
+                                           ("pp2 hybrid", {"fsdp_sharding": "hybrid_shard"}))}
     return results
 
 
@@ -111,6 +120,8 @@ def test_each_pipeline_rank_holds_only_its_stages_under_their_own_names(ranks):
     assert first["held"][0] == "encoders.conv" and "heads.lm_head" not in first["held"]
     assert "heads.lm_head" in last["held"] and not any(name.startswith("encoders") for name in last["held"])
     assert ranks[0]["interleaved"]["stages"] == [0, 2] and ranks[-1]["interleaved"]["stages"] == [1, 3]
+    assert first["mesh"] == ("pp", "shard") and ranks[0]["tp2 x pp2"]["mesh"] == ("pp", "shard", "tp")
+    assert ranks[0]["checkpointed, hybrid"]["mesh"] == ("pp", "replicate", "shard")
 
 
 def test_pipeline_ranks_initialise_bitwise_as_one_process():
@@ -130,7 +141,7 @@ def test_pipeline_ranks_of_the_trainer_initialise_bitwise_as_one_process(ranks):
     model = build(ModelConfig(), SEED)
     Initializer(SEED)(model, torch.device("cpu"))
     whole = _digests(model.state_dict())
-    for layout in ("pp2", "tp2 x pp2"):
+    for layout in ("pp2", "tp2 x pp2", "pp2 hybrid"):
         merged = {}
         for rank in ranks:
             for name, digest in rank["init"][layout].items():
