@@ -137,10 +137,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 def whole_model(wrapper: PipelineWrapper) -> WholeModel:
     """What a pipeline rank's checkpoint part belongs to: the whole model's tensors and optimizer groups."""
-    shapes = wrapper.whole
+    shapes, parameters = wrapper.whole, wrapper.whole_parameters
     return WholeModel(shapes=shapes, optimizer_groups=(
-        tuple(name for name, shape in shapes.items() if decays(len(shape))),
-        tuple(name for name, shape in shapes.items() if not decays(len(shape))),
+        tuple(name for name in parameters if decays(len(shapes[name]))),
+        tuple(name for name in parameters if not decays(len(shapes[name]))),
     ))
 
 
@@ -330,7 +330,7 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     whole = whole_model(pipeline) if pipeline else None
     state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, whole=whole)
     # the whole model's: a pipeline rank holds only its stages'
-    parameters = (sum(math.prod(shape) for shape in whole.shapes.values()) if whole
+    parameters = (sum(math.prod(whole.shapes[name]) for name in pipeline.whole_parameters) if pipeline
                   else sum(p.numel() for p in model.parameters()))
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash(),
                              manifest_fields=manifest_fields(cfg, source), save_guard=watchdog.checkpointing,

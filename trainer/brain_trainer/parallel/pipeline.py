@@ -101,7 +101,8 @@ class PipelineWrapper(ProcessGroupUser):
         self.layout: Optional[Layout] = None
         self.mesh: Optional[DeviceMesh] = None
         self.stages: list[Stage] = []  # this rank's, in forward order
-        self.whole: dict[str, tuple[int, ...]] = {}  # the whole model's tensors' shapes, by name
+        self.whole: dict[str, tuple[int, ...]] = {}  # the whole model's tensors' shapes, by name (its state dict)
+        self.whole_parameters: tuple[str, ...] = ()  # the whole model's parameters' names, in order
         self.schedule = None
         self._pipeline_stages: list[PipelineStage] = []
 
@@ -132,6 +133,7 @@ class PipelineWrapper(ProcessGroupUser):
         plan = stage_plan(cfg, self.steps.seq_len, layout.pp, layout.stages_per_rank, layout.tp)
         self.stages = [stage for stage in plan if stage.rank == layout.pp_rank(rank)]
         self.whole = {name: tuple(tensor.shape) for name, tensor in self.model.state_dict().items()}
+        self.whole_parameters = tuple(name for name, _ in self.model.named_parameters())
         checkpointed = self.checkpointed_blocks(self.model)  # every k-th block of the whole model, as without stages
         kept = [name for stage in self.stages for name in stage.names]
         prune(self.model, [unit.name for stage in plan for unit in stage.units if unit.name not in kept])
