@@ -37,6 +37,7 @@ from brain_trainer.loop.train import build_and_wrap, train
 from brain_trainer.model.brain_ai import build_model
 from brain_trainer.model.materialize import Initializer, build
 from brain_trainer.parallel import build_layout
+from brain_trainer.parallel.pipeline import PipelineWrapper
 from brain_trainer.schema import ConfigError
 
 PACKAGES = ("json", "email")
@@ -245,28 +246,36 @@ def _evaluate(rank, world_size, cfgs):
     return results
 
 
-def _evaluate_tp(rank, world_size, cfg):
-    """(loss, tokens) of BrainAI split tp2 x dp2, evaluated as the loop does: batches by data-parallel rank,
-    counted by the first rank of each tp group."""
+def _evaluate_layout(rank, world_size, cfg):
+    """(loss, tokens) of BrainAI split over 4 ranks, evaluated as the loop does: batches by data-parallel rank,
+    counted by the first tp rank of each group (of its last pipeline stage), a pipeline's micro-batches at a time."""
     dist_cfg = cfg.resolved().distributed
     layout = build_layout(dist_cfg, world_size, world_size)
-    _, model, _ = build_and_wrap(cfg, dist_cfg, rank, world_size, torch.device("cpu"))
+    wrapper, model, _ = build_and_wrap(cfg, dist_cfg, rank, world_size, torch.device("cpu"))
+    pipeline = wrapper if isinstance(wrapper, PipelineWrapper) else None
     t = cfg.training
     evaluator = Evaluator(TokenDataset(cfg.data.path, t.seq_len, "validation"), t.micro_batch_size, t.eval_steps,
                           layout.dp_rank(rank), layout.dp, torch.device("cpu"), contextlib.nullcontext,
-                          counts=layout.tp_rank(rank) == 0)
-    result = evaluator(model)
+                          counts=layout.tp_rank(rank) == 0 and (pipeline is None or pipeline.holds_last),
+                          micro_batches=pipeline.steps.micro_batches if pipeline else 1)
+    result = evaluator(model, forward=pipeline.logits if pipeline else None)
     return result.loss, result.tokens
 
 
-def test_evaluation_under_tensor_parallelism_counts_each_window_once(bpe, tmp_path):
-    """tp2 x dp2: 5 micro-batches dealt to 2 data-parallel ranks, both tp ranks of a group run them, one counts."""
-    cfg = job(bpe, tmp_path, model={"vocab_size": VOCAB}, training={"micro_batch_size": 4, "eval_steps": 5},
-              distributed={"strategy": "fsdp", "tensor_parallel": 2}, checkpoint={"enabled": False})
+@pytest.mark.parametrize("distributed, training", [
+    ({"tensor_parallel": 2}, {}),
+    # 2 micro-batches per pipeline pass: data-parallel rank 1's 2 batches and a filler pass
+    ({"pipeline_parallel": 2}, {"global_batch_size": 16}),
+], ids=["tp2 x dp2", "pp2 x dp2"])
+def test_evaluation_under_tensor_and_pipeline_parallelism_counts_each_window_once(bpe, tmp_path, distributed, training):
+    """5 micro-batches dealt to 2 data-parallel ranks: both tp ranks of a group, or both stages of a pipeline, run
+    them; one rank counts them."""
+    cfg = job(bpe, tmp_path, model={"vocab_size": VOCAB}, training={"micro_batch_size": 4, "eval_steps": 5, **training},
+              distributed={"strategy": "fsdp", **distributed}, checkpoint={"enabled": False})
     model = build(cfg.model, SEED)
     Initializer(SEED)(model, torch.device("cpu"))
     total, tokens = summed_token_loss(model, TokenDataset(bpe, 64, "validation"), 5 * 4)
-    ranks = run_ranks(_evaluate_tp, 4, cfg, timeout=600)
+    ranks = run_ranks(_evaluate_layout, 4, cfg, timeout=600)
     assert all(r == ranks[0] for r in ranks)
     loss, counted = ranks[0]
     assert counted == tokens and loss == pytest.approx(total / tokens, rel=1e-5)

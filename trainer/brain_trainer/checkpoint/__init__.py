@@ -30,6 +30,7 @@ _LAZY = {
     "save_model": "manager",
     "SampleLog": "sample_log",
     "TrainState": "state",
+    "WholeModel": "state",
 }
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "ManifestError",
     "SampleLog",
     "TrainState",
+    "WholeModel",
     "latest_checkpoint",
     "load_model",
     "save_model",

@@ -215,7 +215,7 @@ class CheckpointManager:
         template = state.template(saved)
         # Before any load: every rank sees the same manifest and model, so all raise the same error, and
         # the error names the setting (DCP would say "Size mismatch" once per rank, and a restart retries it).
-        misfit = compat.mismatch(candidate.manifest, self.manifest_fields, shards.tensor_shapes(template["model"]),
+        misfit = compat.mismatch(candidate.manifest, self.manifest_fields, state.model_shapes(template),
                                  shards.tensor_shapes(saved, MODEL_PREFIX), candidate.path.name)
         if misfit is not None:
             raise misfit

@@ -6,7 +6,8 @@ import base64
 import json
 import logging
 import random
-from typing import Any, Collection
+from dataclasses import dataclass
+from typing import Any, Collection, Optional
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
-from .shards import JsonText
+from .shards import JsonText, tensor_shapes
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,15 @@ def _progress(saved: Any) -> tuple[int, int]:
     return saved["step"], saved["sample_index"]
 
 
+@dataclass(frozen=True)
+class WholeModel:
+    """The whole model, for a rank that holds only part of it (a pipeline rank: its stages' blocks): what the
+    checkpoint all the ranks write together holds, and what a rank of any other layout loads."""
+
+    shapes: dict[str, tuple[int, ...]]  # every tensor of the model's state dict: its name and global shape
+    optimizer_groups: tuple[tuple[str, ...], ...]  # the names of each optimizer parameter group's parameters
+
+
 class TrainState(Stateful):
     """Model, optimizer, LR scheduler, grad scaler, progress and RNG of one rank.
 
@@ -98,11 +108,16 @@ class TrainState(Stateful):
     not depend on the world size. RNG states are per rank, stored under
     `rng.rank<N>`; a rank with no saved state (more ranks than at save time)
     keeps its own. Progress, schedule, scaler and RNG states are JSON items
-    (shards.JsonText): a checkpoint holds no pickle of ours.
+    (shards.JsonText): a checkpoint holds no pickle of ours. `whole`: set when
+    `model` is part of the model (pipeline parallelism); each rank then writes
+    and reads its part's tensors only, and the optimizer's parameter groups
+    name the whole model's parameters, as every other layout's do.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, scaler: Any = None):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None, scaler: Any = None,
+                 whole: Optional[WholeModel] = None):
         self.model = model
+        self.whole = whole
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.scaler = scaler
@@ -116,6 +131,11 @@ class TrainState(Stateful):
     def state_dict(self) -> dict[str, Any]:
         """What a save writes: the model's and optimizer's state as DCP takes it, and ours as JSON items."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        if self.whole is not None:
+            # One item every rank writes alike (DCP keeps one copy): the groups by the whole model's names, which
+            # set_state_dict then matches against this rank's parameters, here or at any other layout.
+            for group, names in zip(optim_sd["param_groups"], self.whole.optimizer_groups, strict=True):
+                group["params"] = list(names)
         sd: dict[str, Any] = {
             "model": model_sd,
             "optim": optim_sd,
@@ -127,6 +147,11 @@ class TrainState(Stateful):
         if self.scaler is not None:
             sd["scaler"] = JsonText(json.dumps(self.scaler.state_dict()))
         return sd
+
+    def model_shapes(self, template: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+        """{name: global shape} of every tensor of the whole model (a checkpoint holds them all), this rank's
+        `template` giving them when it holds the whole model."""
+        return dict(self.whole.shapes) if self.whole is not None else tensor_shapes(template["model"])
 
     def template(self, saved: Collection[str]) -> dict[str, Any]:
         """What this rank loads of a checkpoint holding the (flattened) keys `saved`: load it, then load_state_dict.

@@ -209,6 +209,12 @@ class DistributedConfig:
                 f"{self.pp} needs {name('strategy')} fsdp or auto (FSDP2 shards each stage over the data-parallel "
                 f"dimension), got {self.strategy}",
             )
+        if self.pp > 1 and self.mixed_precision_policy == "fp16":
+            yield (
+                "mixed_precision_policy",
+                f"fp16 needs a gradient scaler around each micro-batch's backward, which the pipeline schedules of "
+                f"{name('pipeline_parallel')} {self.pp} run themselves: use bf16",
+            )
         if self.virtual_stages is not None and self.virtual_stages > 1 and self.pipeline_schedule != INTERLEAVED:
             yield (
                 "virtual_stages",

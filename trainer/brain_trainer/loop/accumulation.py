@@ -15,6 +15,7 @@ import math
 from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.amp import GradScaler
 from torch.distributed.fsdp import FSDPModule
@@ -33,7 +34,10 @@ class GradientAccumulator:
         *,
         model: Optional[nn.Module] = None,
         max_grad_norm: float = 0.0,
+        pipeline_group: Optional[dist.ProcessGroup] = None,
     ):
+        """`pipeline_group`: under pipeline parallelism, the ranks holding the other stages of this rank's
+        parameters' model: the gradient norm is taken over all of them."""
         if not isinstance(accumulation_steps, int) or accumulation_steps < 1:
             raise ValueError(f"accumulation_steps: must be an integer >= 1, got {accumulation_steps!r}")
         if not max_grad_norm >= 0:  # also rejects NaN
@@ -45,6 +49,7 @@ class GradientAccumulator:
         # bookkeeping together. The optimizer holds the same tensors, so they stay the model's for the whole run.
         self._model_parameters = list(model.parameters()) if model is not None else None
         self.max_grad_norm = max_grad_norm
+        self.pipeline_group = pipeline_group
         # Total gradient norm before clipping at the last optimizer step, kept on the device: read at logging steps
         # only, so an accelerator is not made to wait for it after every step.
         self._grad_norm: Union[Tensor, float] = math.nan
@@ -84,6 +89,12 @@ class GradientAccumulator:
         scaled.backward()
         if not boundary:
             return False
+        self.apply(optimizer)
+        return True
+
+    def apply(self, optimizer: Optimizer) -> None:
+        """Clip the gradients in place and step the optimizer, then clear them (the end of `step` on a boundary;
+        under pipeline parallelism the schedule has run the step's backward passes itself)."""
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
         self._grad_norm = self._clip(self._parameters(optimizer))
@@ -93,7 +104,6 @@ class GradientAccumulator:
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return True
 
     def effective_batch_size(self, micro_batch: int, world_size: int) -> int:
         """Samples per optimizer step over all ranks: micro_batch x k x world_size."""
@@ -112,10 +122,16 @@ class GradientAccumulator:
 
     def _clip(self, params: list[Tensor]) -> Union[Tensor, float]:
         """Clip to max_grad_norm (0 = never) and return the norm before clipping."""
-        if not params:
-            return 0.0
         groups = by_mesh(params)
-        norm = total_norm(groups)
+        norm = total_norm(groups) if params else torch.zeros(())
+        if self.pipeline_group is not None:
+            # the squared norms of the stages' parameters add up (every rank of the pipeline joins, with or without
+            # gradients)
+            squared = (norm.float() ** 2).reshape(1)
+            dist.all_reduce(squared, group=self.pipeline_group)
+            norm = squared.sqrt()[0]
+        elif not params:
+            return 0.0
         if self.max_grad_norm > 0:
             for group in groups:
                 torch.nn.utils.clip_grads_with_norm_(group, self.max_grad_norm, norm, foreach=_foreach(group))

@@ -9,7 +9,11 @@ micro-batch left in a round still run a forward pass (on micro-batch 0,
 counted as nothing): FSDP gathers parameters inside every forward, and all
 ranks must take part in each gather. Under tensor parallelism the micro-batches
 are dealt by data-parallel rank; the tp ranks of a group run the same ones
-together and only the first of them counts them (`counts`).
+together and only the first of them counts them (`counts`). Under pipeline
+parallelism the stages of a pipeline run them together too, `micro_batches`
+at a time (one pass of the schedule, every micro-batch padded to the
+training's shape, which the stages' buffers have), and only the last stage
+sees logits.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+from torch import Tensor
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
@@ -55,37 +60,55 @@ def due(step: int, training: TrainingConfig) -> bool:
     return bool(training.eval_interval) and (step % training.eval_interval == 0 or step == training.steps)
 
 
+# (tokens, targets) of one pass -> logits, or None on a pipeline rank without the last stage
+Forward = Callable[[Tensor, Tensor], Optional[Tensor]]
+
+
 class Evaluator:
     """This rank's part of every evaluation on `dataset` (the validation split)."""
 
     def __init__(self, dataset: Dataset, micro_batch_size: int, eval_steps: int, rank: int, world_size: int,
                  device: torch.device, autocast: Callable[[], contextlib.AbstractContextManager], *,
-                 counts: bool = True):
-        """`rank` and `world_size` are data-parallel; `counts`: whether this rank's sums enter the all-reduce."""
+                 counts: bool = True, micro_batches: int = 1):
+        """`rank` and `world_size` are data-parallel; `counts`: whether this rank's sums enter the all-reduce;
+        `micro_batches`: how many one forward pass takes (a pipeline's), each padded to `micro_batch_size`."""
         self.dataset = dataset
         self.counts = counts
         self.device = device
         self.autocast = autocast  # a factory of the loop's autocast context: evaluation computes as training does
         batches = eval_batches(len(dataset), micro_batch_size, eval_steps)
         self.filler = batches[0]
-        self.mine = rank_batches(batches, rank, world_size)
+        self.padded_to = micro_batch_size if micro_batches > 1 else None
+        mine = rank_batches(batches, rank, world_size)
+        mine += [None] * (-len(mine) % micro_batches)  # every data-parallel rank has as many: they pad alike
+        self.passes = [mine[i : i + micro_batches] for i in range(0, len(mine), micro_batches)]
 
     def _batch(self, indices: range) -> tuple[torch.Tensor, torch.Tensor]:
-        xs, ys = zip(*(self.dataset[i] for i in indices))
+        rows = list(indices)
+        if self.padded_to is not None:
+            rows += [self.filler[0]] * (self.padded_to - len(rows))
+        xs, ys = zip(*(self.dataset[i] for i in rows))
         return torch.stack(xs).to(self.device), torch.stack(ys).to(self.device)
 
     @torch.no_grad()
-    def __call__(self, model: nn.Module) -> EvalResult:
+    def __call__(self, model: nn.Module, forward: Optional[Forward] = None) -> EvalResult:
+        """Evaluate `model` (through `forward` when given: a pipeline's)."""
         was_training = model.training
         model.eval()
+        forward = forward or (lambda x, _: model(x))
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)  # summed loss, tokens
-        for indices in self.mine:
-            x, y = self._batch(indices or self.filler)
+        for batches in self.passes:
+            x, y = (torch.cat(parts) for parts in zip(*(self._batch(indices or self.filler) for indices in batches)))
             with self.autocast():
-                logits = model(x)
-            if indices is not None and self.counts:
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum")
-                totals += torch.stack([loss.double(), torch.tensor(float(y.numel()), dtype=torch.float64, device=self.device)])
+                logits = forward(x, y)
+            # the rows of the micro-batches this rank counts: none for a filler, not the padding
+            rows = [at * len(x) // len(batches) + i for at, indices in enumerate(batches) if indices is not None
+                    for i in range(len(indices))]
+            if rows and logits is not None and self.counts:
+                counted = torch.tensor(rows, device=self.device)
+                loss = F.cross_entropy(logits[counted].flatten(0, 1).float(), y[counted].flatten(), reduction="sum")
+                tokens = torch.tensor(float(y[counted].numel()), dtype=torch.float64, device=self.device)
+                totals += torch.stack([loss.double(), tokens])
         if dist.is_initialized():
             dist.all_reduce(totals)
         model.train(was_training)

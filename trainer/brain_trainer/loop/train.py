@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -31,7 +32,7 @@ from torch.amp import GradScaler
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 
-from ..checkpoint import CheckpointManager, SampleLog, TrainState
+from ..checkpoint import CheckpointManager, SampleLog, TrainState, WholeModel
 from ..checkpoint.young_daly import choose_mtbf
 from ..config import AUTO, DistributedConfig, TrainerConfig
 from ..contract import OUT_OF_MEMORY
@@ -44,10 +45,12 @@ from ..model.materialize import Initializer, build, is_meta
 from ..observe.flops import peak_flops
 from ..observe.memory_report import gather_init_memory, out_of_memory_line, peak_host_bytes
 from ..observe.reporter import Reporter
-from ..parallel.ddp import DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, ensure_process_group, use_local_device
+from ..parallel.ddp import (DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, all_reduce_weighted_mean,
+                            ensure_process_group, use_local_device)
 from ..parallel.fsdp import FSDPWrapper
 from ..parallel.launcher import DistributedLauncher, env_int
-from ..parallel.layout import Layout, build_layout
+from ..parallel.layout import Layout, bubble_fraction, build_layout, micro_batch_problems
+from ..parallel.pipeline import PipelineSteps, PipelineWrapper
 from ..parallel.blocks import COMPILE_BACKEND, Backend
 from ..parallel.memory import checkpoint_bytes, rank_estimate, resolve_distributed
 from ..resilience.failures import Fatal
@@ -116,15 +119,29 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def decays(ndim: int) -> bool:
+    """Weight decay on matrices and embeddings (>= 2-D) only, never on biases and norm gains."""
+    return ndim >= 2
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices and embeddings (>= 2-D) only, never on biases and norm gains.
+    """The optimizer's two groups: decayed, then not (`decays`).
 
     Two groups at every layout: a checkpoint's optimizer and schedule state (one entry per group) loads under any other."""
     params = [p for p in model.parameters() if p.requires_grad]
     return [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        {"params": [p for p in params if decays(p.ndim)], "weight_decay": weight_decay},
+        {"params": [p for p in params if not decays(p.ndim)], "weight_decay": 0.0},
     ]
+
+
+def whole_model(wrapper: PipelineWrapper) -> WholeModel:
+    """What a pipeline rank's checkpoint part belongs to: the whole model's tensors and optimizer groups."""
+    shapes, parameters = wrapper.whole, wrapper.whole_parameters
+    return WholeModel(shapes=shapes, optimizer_groups=(
+        tuple(name for name in parameters if decays(len(shapes[name]))),
+        tuple(name for name in parameters if not decays(len(shapes[name]))),
+    ))
 
 
 def device_memory_bytes(device: torch.device) -> Optional[int]:
@@ -158,8 +175,14 @@ def resolve_strategy(cfg: TrainerConfig, world_size: int, device: torch.device) 
 WRAPPERS = {"single": SingleDeviceWrapper, "ddp": DDPWrapper, "fsdp": FSDPWrapper}
 
 
-def make_wrapper(model: nn.Module, dist_cfg: DistributedConfig, *, compile_backend: Optional[Backend] = None) -> ProcessGroupUser:
-    """The seed's wrapper for a resolved strategy: SingleDeviceWrapper, DDPWrapper or FSDPWrapper."""
+def make_wrapper(model: nn.Module, dist_cfg: DistributedConfig, *, compile_backend: Optional[Backend] = None,
+                 pipeline: Optional[PipelineSteps] = None) -> ProcessGroupUser:
+    """The seed's wrapper for a resolved strategy: SingleDeviceWrapper, DDPWrapper or FSDPWrapper; PipelineWrapper
+    (FSDP2 per stage) under pipeline parallelism, which runs the training's micro-batches as `pipeline` says."""
+    if dist_cfg.pp > 1:
+        if pipeline is None:
+            raise ValueError("pipeline parallelism needs the pipeline's steps (PipelineSteps)")
+        return PipelineWrapper(model, dist_cfg, steps=pipeline, compile_backend=compile_backend)
     return WRAPPERS[dist_cfg.strategy](model, dist_cfg, compile_backend=compile_backend)
 
 
@@ -175,11 +198,34 @@ def build_and_wrap(cfg: TrainerConfig, dist_cfg: DistributedConfig, rank: int, w
     model = build(cfg.model, cfg.training.seed)
     source = open_source(cfg.model.init_from, model) if cfg.model.init_from else None
     compile_backend = COMPILE_BACKEND if cfg.training.compiles(device.type) else None
-    wrapper = make_wrapper(model, dist_cfg, compile_backend=compile_backend)
+    wrapper = make_wrapper(model, dist_cfg, compile_backend=compile_backend,
+                           pipeline=pipeline_steps(cfg, dist_cfg, world_size, device) if dist_cfg.pp > 1 else None)
     model = wrapper.setup(rank, world_size, materialize=Initializer(cfg.training.seed) if is_meta(model) else None)
     if source is not None:
         source.load_into(model)
     return wrapper, model, source
+
+
+def pipeline_steps(cfg: TrainerConfig, dist_cfg: DistributedConfig, world_size: int,
+                   device: torch.device) -> PipelineSteps:
+    """The pipeline's part of the training settings: the accumulation steps are its micro-batches."""
+    return PipelineSteps(seq_len=cfg.training.seq_len,
+                         micro_batches=replace(cfg, distributed=dist_cfg).accumulation_steps(world_size),
+                         loss_fn=loss_fn, autocast=functools.partial(autocast_context, dist_cfg.mixed_precision_policy, device))
+
+
+def check_micro_batches(cfg: TrainerConfig, dist_cfg: DistributedConfig, micro_batches: int) -> None:
+    """Refuse fewer micro-batches per step than the pipeline needs (ConfigError naming the field that sets them);
+    warn when the pipeline idles much of a step for want of them."""
+    field = ("training.global_batch_size" if cfg.training.global_batch_size is not None
+             else "distributed.gradient_accumulation_steps")
+    problems = list(micro_batch_problems(dist_cfg, micro_batches, field, str))
+    if problems:
+        raise ConfigError([FieldError(path, message) for path, message in problems])
+    if 1 < dist_cfg.pp and micro_batches < 4 * dist_cfg.pp:
+        log.warning("%s gives %d micro-batches per step for %d pipeline stages: each rank idles %.0f%% of a step "
+                    "(fill and drain); at least %d keep it small", field, micro_batches, dist_cfg.pp,
+                    100 * bubble_fraction(dist_cfg, micro_batches), 4 * dist_cfg.pp)
 
 
 def model_flops_per_token(cfg: TrainerConfig, parameters: int) -> int:
@@ -263,7 +309,9 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     batch = replace(cfg, distributed=dist_cfg)
     layout = build_layout(dist_cfg, world_size, env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size))
     global_batch = batch.effective_batch_size(world_size)
+    check_micro_batches(cfg, dist_cfg, batch.accumulation_steps(world_size))
     wrapper, model, source = build_and_wrap(cfg, dist_cfg, rank, world_size, device)
+    pipeline = wrapper if isinstance(wrapper, PipelineWrapper) else None
     reporter.init_memory([r.as_dict() for r in gather_init_memory(model, device, rank)])
 
     peak_lr = peak_learning_rate(training, global_batch)
@@ -277,9 +325,13 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     scheduler = LambdaLR(optimizer, schedule)
     scaler = GradScaler("cuda") if dist_cfg.mixed_precision_policy == "fp16" and device.type == "cuda" else None
     accumulator = GradientAccumulator(batch.accumulation_steps(world_size), scaler, model=model,
-                                      max_grad_norm=training.grad_clip)
-    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler)
-    parameters = sum(p.numel() for p in model.parameters())
+                                      max_grad_norm=training.grad_clip,
+                                      pipeline_group=pipeline.pipeline_group if pipeline else None)
+    whole = whole_model(pipeline) if pipeline else None
+    state = TrainState(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, whole=whole)
+    # the whole model's: a pipeline rank holds only its stages'
+    parameters = (sum(math.prod(whole.shapes[name]) for name in pipeline.whole_parameters) if pipeline
+                  else sum(p.numel() for p in model.parameters()))
     ckpt = CheckpointManager(cfg.checkpoint, rank=rank, world_size=world_size, config_hash=cfg.config_hash(),
                              manifest_fields=manifest_fields(cfg, source), save_guard=watchdog.checkpointing,
                              checkpoint_bytes=checkpoint_bytes(parameters))
@@ -292,8 +344,10 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     if ckpt.restore(state) is not None:
         follow_config(scheduler, schedule, peak_lr)
 
-    # Batches are dealt by data-parallel rank: the tp ranks of a group read (and log) the same ones, once.
-    dp_rank, reads_first = layout.dp_rank(rank), layout.tp_rank(rank) == 0
+    # Batches are dealt by data-parallel rank: the tp ranks of a group and the stages of a pipeline read the same
+    # ones, logged once (by the first stage's first tp rank) and counted once in evaluation (by the last stage's).
+    dp_rank, first_tp = layout.dp_rank(rank), layout.tp_rank(rank) == 0
+    reads_first = first_tp and layout.pp_rank(rank) == 0
     sample_log = SampleLog.from_env(rank) if reads_first else SampleLog(None, rank)
     loader = RankAwareDataLoader(sample_log.wrap(run.dataset), dist_cfg, micro_batch_size=training.micro_batch_size,
                                  rank=dp_rank, world_size=layout.dp, seed=training.seed, start_index=state.sample_index,
@@ -301,7 +355,8 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     autocast = functools.partial(autocast_context, dist_cfg.mixed_precision_policy, device)
     evaluator = None if run.held_out is None else Evaluator(
         run.held_out, training.micro_batch_size, training.eval_steps, dp_rank, layout.dp, device, autocast,
-        counts=reads_first)
+        counts=first_tp and (pipeline is None or pipeline.holds_last),
+        micro_batches=pipeline.steps.micro_batches if pipeline else 1)
     preset = cfg.model.entrypoint or cfg.model.preset
     # Only rank 0 reports MFU; counting takes a pass over the model on the meta device.
     flops_per_token = model_flops_per_token(cfg, parameters) if reporter.active else 0
@@ -313,13 +368,18 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
                      compiling=wrapper.compile_backend is not None)
     if rank == 0:
         log.info(
-            "training %s with %s on %d rank(s) (tensor parallel %d), %s: micro-batch %d x %d accumulation x %d "
-            "data-parallel ranks = %d sequences/step, from step %d",
-            preset, dist_cfg.strategy, world_size, layout.tp, device.type,
+            "training %s with %s on %d rank(s) (tensor parallel %d, pipeline parallel %d), %s: micro-batch %d x %d "
+            "accumulation x %d data-parallel ranks = %d sequences/step, from step %d",
+            preset, dist_cfg.strategy, world_size, layout.tp, layout.pp, device.type,
             training.micro_batch_size, batch.accumulation_steps(world_size), layout.dp, global_batch, state.step,
         )
         log.info("model FLOPs per token: %.3g at sequence length %d (6 x parameters: %.3g)", flops_per_token,
                  training.seq_len, six_n_flops_per_token(parameters))
+    if pipeline is not None:
+        log.info("rank %d: pipeline parallel %d x data parallel %d x tensor parallel %d, schedule %s, %d stage(s) per "
+                 "rank; this rank runs %s", rank, layout.pp, layout.dp, layout.tp, dist_cfg.pipeline_schedule,
+                 layout.stages_per_rank, "; ".join(f"stage {stage.index}: {', '.join(stage.names)}"
+                                                   for stage in pipeline.stages))
     return Trainer(wrapper=wrapper, model=model, optimizer=optimizer, scheduler=scheduler, accumulator=accumulator,
                    state=state, ckpt=ckpt, preemption=preemption, batches=iter(loader), evaluator=evaluator,
                    sample_log=sample_log, autocast=autocast, device=device, global_batch=global_batch)
@@ -339,23 +399,34 @@ def _mtbf_seconds(cfg: TrainerConfig, reporter: Reporter) -> float:
 def _loop(t: Trainer, cfg: TrainerConfig, reporter: Reporter, watchdog: Watchdog) -> TrainResult:
     """Micro-batches through the accumulator until `training.steps` optimizer steps, then the final save."""
     training, state, ckpt = cfg.training, t.state, t.ckpt
+    pipeline = t.wrapper if isinstance(t.wrapper, PipelineWrapper) else None
     t.model.train()
     running_loss = torch.zeros((), device=t.device)  # summed on device: no host sync between logging steps
     micro_losses = micro_idx = 0
     while state.step < training.steps:
-        x, y = next(t.batches)
-        x = x.to(t.device, non_blocking=True)
-        y = y.to(t.device, non_blocking=True)
-        with t.accumulator.sync_context(micro_idx):
-            with t.autocast():
-                loss = loss_fn(t.model(x), y)
-            stepped = t.accumulator.step(loss, t.optimizer, micro_idx)
-        running_loss += loss.detach()
-        micro_losses += 1
-        micro_idx += 1
-        if not stepped:
-            continue
-        micro_idx = 0
+        if pipeline is None:
+            x, y = next(t.batches)
+            x = x.to(t.device, non_blocking=True)
+            y = y.to(t.device, non_blocking=True)
+            with t.accumulator.sync_context(micro_idx):
+                with t.autocast():
+                    loss = loss_fn(t.model(x), y)
+                stepped = t.accumulator.step(loss, t.optimizer, micro_idx)
+            running_loss += loss.detach()
+            micro_losses += 1
+            micro_idx += 1
+            if not stepped:
+                continue
+            micro_idx = 0
+        else:
+            micro_batches = t.accumulator.accumulation_steps
+            # the step's micro-batches in one batch: the schedule splits it again
+            x, y = (torch.cat(parts).to(t.device) for parts in zip(*(next(t.batches) for _ in range(micro_batches))))
+            loss = pipeline.step(x, y)
+            t.accumulator.apply(t.optimizer)
+            if loss is not None:  # the last stage's: the mean over the micro-batches
+                running_loss += loss * micro_batches
+                micro_losses += micro_batches
         t.scheduler.step()
         state.step += 1
         state.sample_index += t.global_batch
@@ -366,11 +437,14 @@ def _loop(t: Trainer, cfg: TrainerConfig, reporter: Reporter, watchdog: Watchdog
         if t.evaluator is not None and due(state.step, training):
             began = time.perf_counter()
             with watchdog.evaluating():
-                result = t.evaluator(t.model)
+                result = t.evaluator(t.model, forward=pipeline.logits if pipeline else None)
             reporter.evaluated(state.step, result.loss, result.perplexity, result.tokens, time.perf_counter() - began)
         if not training.logs_at(state.step):
             continue
-        mean_loss = t.wrapper.all_reduce_metrics({"loss": running_loss.item() / micro_losses})["loss"]
+        if pipeline is None:
+            mean_loss = t.wrapper.all_reduce_metrics({"loss": running_loss.item() / micro_losses})["loss"]
+        else:  # only the last stage's ranks hold losses: the mean of theirs, on every rank (rank 0 logs it)
+            mean_loss = all_reduce_weighted_mean(running_loss.item(), micro_losses)
         reporter.logged(state.step, mean_loss, lr=t.scheduler.get_last_lr()[0], grad_norm=t.accumulator.last_grad_norm,
                         peak_memory=peak_memory_bytes(t.device), last_checkpoint_step=committed_step(ckpt),
                         answered=ckpt.answered, checkpoint_interval=ckpt.interval)

@@ -339,7 +339,8 @@ class BlockStack(Block):
 
     def reset_parameters(self, out_std: float) -> None:
         for block in self.blocks:
-            block.reset_parameters(out_std)
+            if isinstance(block, Block):  # a pipeline rank's placeholder for another rank's block holds nothing
+                block.reset_parameters(out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -404,6 +405,9 @@ class BrainAI(nn.Module):
         self.decision = BlockStack(DecisionBlock, cfg.decision_blocks, cfg)
         self.meta = Meta(cfg)
         self.heads = Heads(cfg)
+        # Counted once over the whole model: a pipeline rank that keeps only its stages' blocks initialises them as
+        # the whole model does (parallel/pipeline.py replaces the others by placeholders).
+        self.out_std = residual_out_std(self)
         self.init_weights()
 
     @classmethod
@@ -414,9 +418,9 @@ class BrainAI(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """(Re)initialise every parameter; use after `to_empty()` on a meta-built model."""
-        out_std = residual_out_std(self)
         for module in self.children():
-            reset_block(module, out_std)
+            if isinstance(module, Block):  # not a pipeline placeholder
+                reset_block(module, self.out_std)
 
     def wrap_units(self) -> list[nn.Module]:
         """FSDP wrap units in forward order: every block of a stack, then the stack; the other modules as they are.
@@ -426,8 +430,12 @@ class BrainAI(nn.Module):
         units: list[nn.Module] = []
         for module in self.children():
             if isinstance(module, BlockStack):
-                units.extend(module.blocks)
-            units.append(module)
+                blocks = [block for block in module.blocks if isinstance(block, Block)]
+                if not blocks:
+                    continue  # every block is another pipeline rank's
+                units.extend(blocks)
+            if isinstance(module, Block):  # a pipeline placeholder (nn.Identity) is no unit
+                units.append(module)
         return units
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

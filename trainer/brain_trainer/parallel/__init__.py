@@ -1,4 +1,4 @@
-"""How the model is spread over ranks: the launcher (torchrun, SLURM, a manual launch), the DDP and FSDP2 wrappers,
+"""How the model is spread over ranks: the launcher (torchrun, SLURM, a manual launch), the DDP, FSDP2 and pipeline wrappers,
 per-block checkpointing and compile, and the memory planner that picks between them (torch-free).
 
 Importing this package is torch-free; each torch name loads its module on first use.
@@ -13,6 +13,7 @@ _LAZY = {
     "DDPWrapper": "ddp",
     "SingleDeviceWrapper": "ddp",
     "FSDPWrapper": "fsdp",
+    "PipelineWrapper": "pipeline",
 }
 
 __all__ = ["Layout", "build_layout", "choose_strategy", "plan_memory", "resolve_distributed", *_LAZY]

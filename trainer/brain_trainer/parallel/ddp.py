@@ -172,6 +172,18 @@ def all_reduce_mean(metrics: dict[str, float]) -> dict[str, float]:
     return dict(zip(keys, packed.tolist()))
 
 
+def all_reduce_weighted_mean(total: float, weight: float) -> float:
+    """The sum of `total` over all ranks divided by the sum of `weight`: a mean that ranks without values (weight
+    0) join."""
+    if not dist.is_initialized():
+        return total / weight
+    device = torch.device("cpu") if dist.get_backend() == "gloo" else local_device()
+    packed = torch.tensor([total, weight], dtype=torch.float64, device=device)
+    dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+    summed, weights = packed.tolist()
+    return summed / weights
+
+
 def _number(key: str, value: object) -> float:
     try:
         return float(value)  # type: ignore[arg-type]

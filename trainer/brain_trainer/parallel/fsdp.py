@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -119,6 +119,24 @@ def sharding_policy(
     )
 
 
+def shard_options(policy: ShardingPolicy, mesh: DeviceMesh) -> dict[str, Any]:
+    """fully_shard's keyword arguments for every unit and the root under `policy`, over `mesh` (data-parallel)."""
+    return dict(mesh=mesh, mp_policy=_mp_policy(policy), offload_policy=_offload_policy(policy))
+
+
+def _mp_policy(policy: ShardingPolicy) -> MixedPrecisionPolicy:
+    if policy.param_dtype == "fp32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=DTYPES[policy.param_dtype], reduce_dtype=DTYPES[policy.reduce_dtype])
+
+
+def _offload_policy(policy: ShardingPolicy) -> OffloadPolicy:
+    if not policy.cpu_offload:
+        return OffloadPolicy()
+    # Pinned host memory needs CUDA; a CPU-only run offloads to where it already is.
+    return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+
+
 class FSDPWrapper(ProcessGroupUser):
     """Shards a model over the ranks with FSDP2."""
 
@@ -145,7 +163,7 @@ class FSDPWrapper(ProcessGroupUser):
             apply_tensor_parallel(self.model, self.mesh[TP_DIM])
         self.prepare_blocks(self.model)
         modules = dict(self.model.named_modules())
-        options = dict(mesh=dp_mesh, mp_policy=self._mp_policy(policy), offload_policy=self._offload_policy(policy))
+        options = shard_options(policy, dp_mesh)
         for name in policy.units:
             fully_shard(modules[name], reshard_after_forward=policy.reshard_after_forward, **options)
         # None lets FSDP keep the root gathered after forward: backward needs it first anyway.
@@ -178,16 +196,3 @@ class FSDPWrapper(ProcessGroupUser):
         if self.wrapped is None:
             raise RuntimeError("FSDPWrapper.setup() must run before checkpointing")
         return self.wrapped
-
-    @staticmethod
-    def _mp_policy(policy: ShardingPolicy) -> MixedPrecisionPolicy:
-        if policy.param_dtype == "fp32":
-            return MixedPrecisionPolicy()
-        return MixedPrecisionPolicy(param_dtype=DTYPES[policy.param_dtype], reduce_dtype=DTYPES[policy.reduce_dtype])
-
-    @staticmethod
-    def _offload_policy(policy: ShardingPolicy) -> OffloadPolicy:
-        if not policy.cpu_offload:
-            return OffloadPolicy()
-        # Pinned host memory needs CUDA; a CPU-only run offloads to where it already is.
-        return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
