@@ -374,9 +374,10 @@ def plan_memory(
     pipeline_schedule: str = "1f1b",
     stages_per_rank: int = 1,
     micro_batches: int = 1,
+    pipeline_rank: Optional[int] = None,
 ) -> MemoryPlan:
     """Bytes per rank for `model` (a BrainAIConfig or a preset name) trained with AdamW, `micro_batches` per
-    optimizer step; under a pipeline, of its fullest pipeline rank.
+    optimizer step; under a pipeline, of pipeline rank `pipeline_rank` (None: the fullest).
 
     See the module docstring for the formulas. seq_len defaults to the
     model's max_seq_len; node_size (ranks per node) is needed for
@@ -449,7 +450,11 @@ def plan_memory(
         )
 
     ranks = rank_units(cfg, seq_len, pp, stages_per_rank, tp)
-    return max((rank_plan(rank, stages) for rank, stages in enumerate(ranks)), key=lambda plan: plan.total)
+    if pipeline_rank is None:
+        return max((rank_plan(rank, stages) for rank, stages in enumerate(ranks)), key=lambda plan: plan.total)
+    if not 0 <= pipeline_rank < pp:
+        raise ConfigError([FieldError("pipeline_rank", f"must be in 0 .. {pp - 1}, got {pipeline_rank}")])
+    return rank_plan(pipeline_rank, ranks[pipeline_rank])
 
 
 def strategy_ladder(
