@@ -1,5 +1,5 @@
 """Pipeline parallelism (parallel/pipeline.py) composed with FSDP2 and tensor parallelism, on 4 gloo ranks:
-pp2 x dp2 under every schedule, and tp2 x pp2, train like one process on the same global batches (same losses,
+pp2 x dp2 under every schedule, pp4 x dp1, tp2 x pp2 (1f1b and interleaved), train like one process on the same global batches (same losses,
 same gradients by name, the same total gradient norm); each rank holds only its stages' units, under their own
 names, initialised bitwise as one process initialises the whole model."""
 
@@ -28,12 +28,17 @@ from harness import run_ranks
 from parity import SEQ_LEN, global_batches, minimal_model, optimizer_for, rank_slice, reference_gradients, reference_losses
 
 WORLD, MICRO_BATCH, MICRO_BATCHES, STEPS, SEED = 4, 2, 2, 3, 7
-# (schedule, tensor parallel, whether the rank returns its first step's gradients, other distributed settings)
+# (schedule, tensor parallel, whether the rank returns its first step's gradients, other distributed settings;
+# pipeline_parallel 2 unless they say otherwise)
 LAYOUTS = {
     "1f1b": ("1f1b", 1, True, {}), "gpipe": ("gpipe", 1, False, {}), "interleaved": ("interleaved-1f1b", 1, False, {}),
     "tp2 x pp2": ("1f1b", 2, True, {}),
     # every block recomputed in backward; hybrid_shard over nodes of 2 ranks: each stage's 2 ranks are one node
     "checkpointed, hybrid": ("1f1b", 1, False, {"activation_checkpointing": "full", "fsdp_sharding": "hybrid_shard"}),
+    "pp4": ("1f1b", 1, True, {"pipeline_parallel": 4}),  # one rank per stage: no data parallelism left
+    "interleaved, 3 stages per rank": ("interleaved-1f1b", 1, False, {"virtual_stages": 3}),
+    "tp2 x pp2, interleaved": ("interleaved-1f1b", 2, False, {}),
+    "selective": ("1f1b", 1, False, {"activation_checkpointing": "selective"}),
 }
 NODE = 2  # ranks per node (LOCAL_WORLD_SIZE) for hybrid_shard
 
@@ -42,18 +47,28 @@ def _digests(state: dict) -> dict[str, str]:
     return {name: hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest() for name, t in state.items()}
 
 
+def _config(schedule: str, tp: int, settings: dict) -> DistributedConfig:
+    return DistributedConfig(**{"strategy": "fsdp", "pipeline_parallel": 2, "pipeline_schedule": schedule,
+                                "tensor_parallel": tp, **settings})
+
+
+def _micro_batches(config: DistributedConfig) -> int:
+    """Per optimizer step: MICRO_BATCHES, or one per pipeline rank where there are more (each needs one in flight)."""
+    return max(MICRO_BATCHES, config.pp)
+
+
 def _trained(rank: int, world_size: int, schedule: str, tp: int, with_gradients: bool, settings: dict) -> dict:
-    """STEPS optimizer steps of MICRO_BATCHES micro-batches each on this rank's data-parallel slice."""
-    config = DistributedConfig(strategy="fsdp", pipeline_parallel=2, pipeline_schedule=schedule, tensor_parallel=tp,
-                               **settings)
+    """STEPS optimizer steps of the layout's micro-batches each on this rank's data-parallel slice."""
+    config = _config(schedule, tp, settings)
     layout = build_layout(config, world_size, NODE)
+    micro_batches = _micro_batches(config)
     wrapper = PipelineWrapper(minimal_model(), config,
-                              steps=PipelineSteps(seq_len=SEQ_LEN, micro_batches=MICRO_BATCHES, loss_fn=loss_fn))
+                              steps=PipelineSteps(seq_len=SEQ_LEN, micro_batches=micro_batches, loss_fn=loss_fn))
     model = wrapper.setup(rank, world_size)
     optimizer = optimizer_for(model)
     clip = GradientAccumulator(1, model=model, max_grad_norm=1e9, pipeline_group=wrapper.pipeline_group)  # measures
     losses, gradients, norm, evaluated = [], {}, None, None
-    for step, tokens in enumerate(global_batches(STEPS, MICRO_BATCH * MICRO_BATCHES * layout.dp)):
+    for step, tokens in enumerate(global_batches(STEPS, MICRO_BATCH * micro_batches * layout.dp)):
         mine = rank_slice(tokens, layout.dp_rank(rank), layout.dp)
         loss = wrapper.step(mine[:, :-1], mine[:, 1:])
         if step == 0 and with_gradients:
@@ -94,17 +109,19 @@ def ranks():
 
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_every_layout_and_schedule_trains_like_one_process(ranks, name):
-    tp = LAYOUTS[name][1]
-    batches = global_batches(STEPS, MICRO_BATCH * MICRO_BATCHES * WORLD // (2 * tp))
+    schedule, tp, _, settings = LAYOUTS[name]
+    config = _config(schedule, tp, settings)
+    micro_batches = _micro_batches(config)
+    batches = global_batches(STEPS, MICRO_BATCH * micro_batches * build_layout(config, WORLD, NODE).dp)
     reference = reference_losses(batches)
     expected = reference_gradients(batches[0])
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in expected.values()])).item()
     for r in (rank[name] for rank in ranks):
         assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(r["losses"], reference)), (r["losses"], reference)
         assert abs(r["norm"] - norm) <= 1e-4 * norm, (r["norm"], norm)
-        # logits of a forward-only pass on the last stage only: pipeline rank 1 (interleaved: stage 3 on it too)
+        # logits of a forward-only pass on the last stage only: the last pipeline rank (interleaved: its last stage)
         last = r["stages"][-1] == max(r["stages"][-1] for r in (rank[name] for rank in ranks))
-        assert r["evaluated"] == ((MICRO_BATCH * MICRO_BATCHES, SEQ_LEN, 256) if last else None)
+        assert r["evaluated"] == ((MICRO_BATCH * micro_batches, SEQ_LEN, 256) if last else None)
     if LAYOUTS[name][2]:
         gradients = {}
         for rank in ranks:
@@ -120,6 +137,8 @@ def test_each_pipeline_rank_holds_only_its_stages_under_their_own_names(ranks):
     assert first["held"][0] == "encoders.conv" and "heads.lm_head" not in first["held"]
     assert "heads.lm_head" in last["held"] and not any(name.startswith("encoders") for name in last["held"])
     assert ranks[0]["interleaved"]["stages"] == [0, 2] and ranks[-1]["interleaved"]["stages"] == [1, 3]
+    assert [rank["pp4"]["stages"] for rank in ranks] == [[0], [1], [2], [3]]
+    assert [ranks[r]["interleaved, 3 stages per rank"]["stages"] for r in (0, -1)] == [[0, 2, 4], [1, 3, 5]]
     assert first["mesh"] == ("pp", "shard") and ranks[0]["tp2 x pp2"]["mesh"] == ("pp", "shard", "tp")
     assert ranks[0]["checkpointed, hybrid"]["mesh"] == ("pp", "replicate", "shard")
 

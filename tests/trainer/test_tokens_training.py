@@ -281,6 +281,25 @@ def test_evaluation_under_tensor_and_pipeline_parallelism_counts_each_window_onc
     assert counted == tokens and loss == pytest.approx(total / tokens, rel=1e-5)
 
 
+def _train_each(rank, world_size, cfgs):
+    return [(result.eval_history, result.history) for result in map(train, cfgs)]
+
+
+def test_the_loops_evaluation_under_a_pipeline_gives_data_parallels_losses(bpe, tmp_path):
+    """pp2 x dp2 and dp4 train on the same global batches and evaluate at steps 2 and 3 in the loop: 3 micro-batches
+    per evaluation dealt to 2 data-parallel ranks, so one pipeline runs a filler micro-batch beside its window."""
+    runs = {"dp4": {}, "pp2 x dp2": {"pipeline_parallel": 2}}
+    cfgs = [job(bpe, tmp_path / name.replace(" ", ""), model={"vocab_size": VOCAB},
+                training={"steps": 3, "micro_batch_size": 2, "global_batch_size": 8, "seq_len": 16, "warmup_steps": 1,
+                          "log_interval": 1, "eval_interval": 2, "eval_steps": 3},
+                distributed={"strategy": "fsdp", **distributed}, checkpoint={"enabled": False})
+            for name, distributed in runs.items()]
+    (dp_evals, dp_losses), (pp_evals, pp_losses) = run_ranks(_train_each, 4, cfgs, timeout=600)[0]
+    assert [step for step, _ in pp_evals] == [step for step, _ in dp_evals] == [2, 3]
+    for (_, got), (_, want) in zip(pp_evals + pp_losses, dp_evals + dp_losses, strict=True):
+        assert got == pytest.approx(want, rel=1e-4)
+
+
 def test_evaluation_batches_are_dealt_round_robin():
     batches = eval_batches(windows=22, micro_batch_size=4, eval_steps=10)  # the split holds 5.5 micro-batches
     assert batches == [range(0, 4), range(4, 8), range(8, 12), range(12, 16), range(16, 20), range(20, 22)]
