@@ -28,7 +28,7 @@ BRAINTRAIN = Path(sys.executable).with_name("braintrain")
 STEPS = 20
 # The example's volumeClaimTemplate makes the claim <job>-checkpoints: locally, a folder of the claims folder.
 CLAIM = "local-minimal-checkpoints"
-WATCHDOG_FLOOR = 30
+WATCHDOG_FLOOR = 15
 # Rank 0's log line of a step, as the runner prints it.
 LOGGED_STEP = re.compile(r"\[local-minimal-worker-0\] .* step (\d+)/\d+ loss ")
 

@@ -13,7 +13,7 @@ from processes import run, torchrun
 from brain_trainer.checkpoint import store
 
 STEPS = 3
-SINGLE_RUNS = 8
+SINGLE_RUNS = 5
 TORCHRUN_RUNS = 3
 
 
