@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from brain_trainer.checkpoint.sample_log import SAMPLE_LOG_ENV
 from brain_trainer.config import DistributedConfig, TrainerConfig
-from brain_trainer.contract import Progress, eta_seconds, format_time
+from brain_trainer.contract import TERMINATION_LOG_ENV, Progress, eta_seconds, format_time, parse_termination
 from brain_trainer.data.loader import ByteFileDataset, RankAwareDataLoader, SyntheticDataset
 from brain_trainer.loop.train import param_groups, resolve_strategy, train
 from brain_trainer.observe.progress import write_progress
@@ -146,8 +146,9 @@ def test_same_losses_at_any_world_size_and_accumulation(monkeypatch):
         assert [loss for _, loss in single.history] == pytest.approx(losses, rel=1e-4), training
 
 
-def test_a_failing_loop_gives_sigterm_back(tmp_path, monkeypatch):
-    """The checkpoint manager holds SIGTERM while training; an error must not leave it swallowing the signal."""
+def test_a_failing_loop_gives_sigterm_back_and_says_why_before_it_cleans_up(tmp_path, monkeypatch):
+    """The checkpoint manager holds SIGTERM while training; an error must not leave it swallowing the signal. The
+    termination message is written before the cleanup: a peer pod's fail-fast may stop this one during it."""
     # One process; set through monkeypatch so that what train() exports does not leak into other tests.
     for key, value in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                            MASTER_PORT="0").items():
@@ -158,6 +159,16 @@ def test_a_failing_loop_gives_sigterm_back(tmp_path, monkeypatch):
 
     # import_module: the package attribute `brain_trainer.loop.train` is the function, not the module
     monkeypatch.setattr(importlib.import_module("brain_trainer.loop.train"), "RankAwareDataLoader", broken_loader)
+    message = tmp_path / "termination-log"
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
+    said_at_cleanup = []
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_and_look(*args, **kwargs):
+        said_at_cleanup.append(parse_termination(message.read_text()) if message.exists() else None)
+        destroy(*args, **kwargs)
+
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", destroy_and_look)
     cfg = TrainerConfig.from_dict({
         "training": {"steps": 2, "seq_len": 16},
         "checkpoint": {"dir": str(tmp_path / "checkpoints")},
@@ -167,6 +178,7 @@ def test_a_failing_loop_gives_sigterm_back(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="data went away"):
         train(cfg)
     assert signal.getsignal(signal.SIGTERM) is before
+    assert said_at_cleanup == [("error", "RuntimeError: data went away")]
     assert not torch.distributed.is_initialized(), "the process group train() created is destroyed"
 
 

@@ -53,7 +53,7 @@ from ..parallel.layout import Layout, bubble_fraction, build_layout, micro_batch
 from ..parallel.pipeline import PipelineSteps, PipelineWrapper
 from ..parallel.blocks import COMPILE_BACKEND, Backend
 from ..parallel.memory import checkpoint_bytes, rank_estimate, resolve_distributed
-from ..resilience.failures import Fatal
+from ..resilience.failures import Fatal, classify, write_termination
 from ..resilience.preemption import Preemption
 from ..resilience.preflight import run_preflight
 from ..resilience.watchdog import Watchdog
@@ -291,13 +291,21 @@ def _launched(run: Run) -> TrainResult:
         reporter = Reporter(cfg, rank, run.started, restarted_after=run.restarted_after)
         cleanup.callback(reporter.close)
         try:
-            trainer = _build(run, rank, world_size, device, reporter, watchdog, cleanup)
-            return _loop(trainer, cfg, reporter, watchdog)
-        except (MemoryError, torch.OutOfMemoryError) as exc:
-            estimate = rank_estimate(cfg, resolve_strategy(cfg, world_size, device), world_size,
-                                     node_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                                     accelerator=device.type == "cuda")
-            raise Fatal(OUT_OF_MEMORY, out_of_memory_line(exc, estimate, device, rank)) from exc
+            try:
+                trainer = _build(run, rank, world_size, device, reporter, watchdog, cleanup)
+                return _loop(trainer, cfg, reporter, watchdog)
+            except (MemoryError, torch.OutOfMemoryError) as exc:
+                estimate = rank_estimate(cfg, resolve_strategy(cfg, world_size, device), world_size,
+                                         node_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                         accelerator=device.type == "cuda")
+                raise Fatal(OUT_OF_MEMORY, out_of_memory_line(exc, estimate, device, rank)) from exc
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            # Said before the cleanup unwinds: a peer pod that fails fast gets this one stopped (SIGTERM) meanwhile,
+            # and its reason would be lost. The entry point's report() says it again, with the log line.
+            write_termination(*classify(exc))
+            raise
 
 
 def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter: Reporter, watchdog: Watchdog,
