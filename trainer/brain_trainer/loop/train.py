@@ -53,7 +53,7 @@ from ..parallel.layout import Layout, bubble_fraction, build_layout, micro_batch
 from ..parallel.pipeline import PipelineSteps, PipelineWrapper
 from ..parallel.blocks import COMPILE_BACKEND, Backend
 from ..parallel.memory import checkpoint_bytes, rank_estimate, resolve_distributed
-from ..resilience.failures import Fatal, classify, write_termination
+from ..resilience.failures import Fatal, say
 from ..resilience.preemption import Preemption
 from ..resilience.preflight import run_preflight
 from ..resilience.watchdog import Watchdog
@@ -302,9 +302,7 @@ def _launched(run: Run) -> TrainResult:
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
-            # Said before the cleanup unwinds: a peer pod that fails fast gets this one stopped (SIGTERM) meanwhile,
-            # and its reason would be lost. The entry point's report() says it again, with the log line.
-            write_termination(*classify(exc))
+            say(exc, str(rank))  # before the cleanup unwinds (failures.say)
             raise
 
 

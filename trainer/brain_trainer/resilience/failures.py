@@ -125,6 +125,9 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return ERROR, f"{type(exc).__name__}: {_first_line(exc)}"
 
 
+SAID = "_brain_said"  # set on an exception once `say` has logged it and written its termination message
+
+
 def write_termination(reason: str, line: str) -> None:
     """Write the termination message Kubernetes (or the local runner) reads.
 
@@ -170,19 +173,32 @@ def begin_attempt() -> Optional[str]:
     return UNNAMED_FAILURE if restart_count() > 0 else None
 
 
-def report(exc: BaseException, rank: Optional[str] = None) -> int:
-    """Log why the trainer dies, write the termination message; returns the exit code."""
+def say(exc: BaseException, rank: Optional[str] = None) -> tuple[str, str]:
+    """Log why the trainer dies and write the termination message, once per exception; returns (reason, line).
+
+    The loop says it as soon as it fails, before its cleanup unwinds: a peer pod that fails fast gets this one
+    stopped (SIGTERM) meanwhile, which would lose the reason. `report` then does not say it twice."""
     reason, line = classify(exc)
+    if getattr(exc, SAID, False):
+        return reason, line
     where = f"rank {rank}: " if rank is not None else ""
     if isinstance(exc, ConfigError):
         for error in exc.errors:  # one line per bad field, never a traceback
-            print(f"error: {error}", file=sys.stderr)
+            print(f"error: {error}", file=sys.stderr, flush=True)
     elif reason in SECONDARY_REASONS or (isinstance(exc, Fatal) and exc.__cause__ is None):
         # No traceback: the cause is on another rank, or the trainer decided it and the line says why.
         log.error("%s%s: %s", where, reason, line)
     else:  # the traceback of what failed, not of the Fatal that explains it
         log.error("%s%s: %s", where, reason, line, exc_info=exc.__cause__ if isinstance(exc, Fatal) else exc)
     write_termination(reason, line)
+    setattr(exc, SAID, True)
+    return reason, line
+
+
+def report(exc: BaseException, rank: Optional[str] = None) -> int:
+    """Say why the trainer dies (`say`, unless said already), stop torchrun restarting the workers where the
+    reason fails the job anyway; returns the exit code."""
+    reason, _ = say(exc, rank)
     if reason in os.environ.get(FAIL_FAST_ENV, "").split(",") and "TORCHELASTIC_RUN_ID" in os.environ:
         # torchrun (our parent) would restart the workers; stopped, it ends the pod with this message.
         os.kill(os.getppid(), signal.SIGTERM)
