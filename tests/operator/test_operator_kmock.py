@@ -119,6 +119,8 @@ async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, **client_op
             await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Pending")
             yield km, waits
         finally:
+            for session in km.clients:  # the test's kept-alive connections, else kopf waits 5 s for their handlers
+                await session.close()
             stop.set()
             await asyncio.wait_for(task, 30)
 
