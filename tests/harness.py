@@ -1,11 +1,14 @@
 """Run a function on N real gloo ranks (separate processes) and collect results.
 
-    def body(rank, world_size, x):      # top-level, so spawn can import it
+    def body(rank, world_size, x):      # top-level, so a rank can import it
         ...
         return something_picklable
     results = run_ranks(body, 2, 3.0)   # [result of rank 0, result of rank 1]
 
-Each rank gets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT in its
+Each rank is forked from a server process that imported torch and the trainer
+once (forkserver; a spawned rank would import them again, for seconds), and
+runs in the caller's environment and folder, as a spawned one would. It gets
+RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT in its
 environment, one intra-op thread (two ranks on two cores must not fight over
 threads), and a gloo default process group already initialised; the group is
 destroyed afterwards. A rank's exception fails the call with its traceback.
@@ -37,9 +40,19 @@ import torch.multiprocessing as mp
 __all__ = ["run_ranks"]
 
 HOST = "127.0.0.1"
+# Ranks fork from a server that imported torch and the trainer once, instead of each importing them anew (a
+# spawned rank spends seconds on it); the server itself starts clean, as spawn's children do, without the
+# test process's threads.
+START_METHOD = "forkserver"
+PRELOAD = ["torch", "torch.distributed", "brain_trainer.loop.train", "brain_trainer.parallel.pipeline"]
 
 
-def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results) -> None:
+def _entry(rank: int, world_size: int, port: int, env: dict[str, str], cwd: str, fn: Callable, args: tuple,
+           results) -> None:
+    # A forked child starts with the fork server's environment and folder: take the caller's, as spawn would.
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -67,10 +80,13 @@ def _entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple, res
 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout: float = 300.0) -> list[Any]:
-    results = mp.get_context("spawn").Queue()
+    context = mp.get_context(START_METHOD)
+    context.set_forkserver_preload(PRELOAD)
+    results = context.Queue()
     store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False)
     procs = mp.start_processes(
-        _entry, args=(world_size, store.port, fn, args, results), nprocs=world_size, join=False, start_method="spawn"
+        _entry, args=(world_size, store.port, dict(os.environ), os.getcwd(), fn, args, results), nprocs=world_size,
+        join=False, start_method=START_METHOD,
     )
     collected: dict[int, tuple[bool, Any]] = {}
     deadline = time.monotonic() + timeout
