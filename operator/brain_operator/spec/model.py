@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
-from brain_trainer.parallel.layout import micro_batch_problems, spread_problems, world_problems
+from brain_trainer.parallel.layout import micro_batch_problems, micro_batches_field, spread_problems, world_problems
 from brain_trainer.schema import Names, quoted, setting
 
 from ..schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
@@ -337,7 +337,7 @@ class JobSpec(TrainerSections):
                 )
                 return
             micro_batches = distributed.gradient_accumulation_steps if gbs is None else gbs // per_step
-            field = "distributed.gradient_accumulation_steps" if gbs is None else "training.global_batch_size"
+            field = micro_batches_field(gbs)
             pipeline = [(f, f"{message} at {n} nodes") for f, message in
                         micro_batch_problems(distributed, micro_batches, field, name)]
             if pipeline:

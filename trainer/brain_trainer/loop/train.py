@@ -49,7 +49,7 @@ from ..parallel.ddp import (DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, a
                             ensure_process_group, use_local_device)
 from ..parallel.fsdp import FSDPWrapper
 from ..parallel.launcher import DistributedLauncher, env_int
-from ..parallel.layout import Layout, bubble_fraction, build_layout, micro_batch_problems
+from ..parallel.layout import Layout, bubble_fraction, build_layout, micro_batch_problems, micro_batches_field
 from ..parallel.pipeline import PipelineSteps, PipelineWrapper
 from ..parallel.blocks import COMPILE_BACKEND, Backend
 from ..parallel.memory import checkpoint_bytes, rank_estimate, resolve_distributed
@@ -217,8 +217,7 @@ def pipeline_steps(cfg: TrainerConfig, dist_cfg: DistributedConfig, world_size: 
 def check_micro_batches(cfg: TrainerConfig, dist_cfg: DistributedConfig, micro_batches: int) -> None:
     """Refuse fewer micro-batches per step than the pipeline needs (ConfigError naming the field that sets them);
     warn when the pipeline idles much of a step for want of them."""
-    field = ("training.global_batch_size" if cfg.training.global_batch_size is not None
-             else "distributed.gradient_accumulation_steps")
+    field = micro_batches_field(cfg.training.global_batch_size)
     problems = list(micro_batch_problems(dist_cfg, micro_batches, field, str))
     if problems:
         raise ConfigError([FieldError(path, message) for path, message in problems])

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import ModelConfig
-from ..parallel.ddp import local_device
+from ..parallel.ddp import collective_device
 from ..schema import ConfigError, FieldError
 from .brain_ai import Block, build_model, reset_block, residual_out_std
 from .seeded_init import poison, seeded_fills, unset
@@ -115,8 +115,7 @@ class Initializer:
         with seeded_fills(model, self.seed):
             _initialise(model)
         missing = unset(model)
-        on_gloo = not dist.is_initialized() or dist.get_backend() == "gloo"
-        flag = torch.tensor([float(bool(missing))], device=torch.device("cpu") if on_gloo else local_device())
+        flag = torch.tensor([float(bool(missing))], device=collective_device())
         if dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item():

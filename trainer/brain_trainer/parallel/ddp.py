@@ -34,6 +34,14 @@ def local_device() -> torch.device:
     return torch.device("cpu")
 
 
+def collective_device() -> torch.device:
+    """Where a small tensor for a collective goes: the CPU under gloo (or without a process group), else this
+    rank's accelerator."""
+    if not dist.is_initialized() or dist.get_backend() == "gloo":
+        return torch.device("cpu")
+    return local_device()
+
+
 def use_local_device() -> torch.device:
     """local_device(), made CUDA's current device so that kernels and NCCL run on this rank's GPU."""
     device = local_device()
@@ -165,11 +173,8 @@ def all_reduce_mean(metrics: dict[str, float]) -> dict[str, float]:
     if not dist.is_initialized() or not values:  # a single process is its own mean
         return values
     keys = sorted(values)
-    device = torch.device("cpu") if dist.get_backend() == "gloo" else local_device()
-    packed = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
-    dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-    packed /= dist.get_world_size()
-    return dict(zip(keys, packed.tolist()))
+    world_size = dist.get_world_size()
+    return {key: total / world_size for key, total in zip(keys, _summed([values[k] for k in keys]))}
 
 
 def all_reduce_weighted_mean(total: float, weight: float) -> float:
@@ -177,11 +182,15 @@ def all_reduce_weighted_mean(total: float, weight: float) -> float:
     0) join."""
     if not dist.is_initialized():
         return total / weight
-    device = torch.device("cpu") if dist.get_backend() == "gloo" else local_device()
-    packed = torch.tensor([total, weight], dtype=torch.float64, device=device)
-    dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-    summed, weights = packed.tolist()
+    summed, weights = _summed([total, weight])
     return summed / weights
+
+
+def _summed(values: list[float]) -> list[float]:
+    """Each value summed over all ranks, in one float64 all-reduce."""
+    packed = torch.tensor(values, dtype=torch.float64, device=collective_device())
+    dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+    return packed.tolist()
 
 
 def _number(key: str, value: object) -> float:

@@ -19,7 +19,7 @@ world / pp ranks apart: only its point-to-point activations cross nodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 from ..config import DistributedConfig
 from ..config.sections import INTERLEAVED
@@ -83,6 +83,11 @@ def world_problems(distributed: DistributedConfig, world_size: int, ranks_per_no
             f"{pp} stages of {world_size // pp} ranks each split nodes of {ranks_per_node}; hybrid_shard replicates "
             f"across whole nodes: use a node count that is a multiple of {pp}",
         )
+
+
+def micro_batches_field(global_batch_size: Optional[int]) -> str:
+    """The setting that gives the micro-batches per step: the global batch when set, else the accumulation steps."""
+    return "training.global_batch_size" if global_batch_size is not None else "distributed.gradient_accumulation_steps"
 
 
 def micro_batch_problems(distributed: DistributedConfig, micro_batches: int, field: str,

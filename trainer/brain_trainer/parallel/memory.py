@@ -604,7 +604,7 @@ def choose_strategy(
     """The first option of `plan_ladder` whose plan fits in device_memory_bytes per rank.
 
     Raises InsufficientMemoryError (a ConfigError) saying how many GiB per
-    rank the last, smallest option lacks.
+    rank the smallest option tried lacks (`first_fit`).
     """
     ladder = plan_ladder(
         model,
