@@ -119,7 +119,7 @@ def measure(args: argparse.Namespace, root: Path) -> Report:
         for step in range(1, args.saves + 1):
             state.step = step
             began = time.perf_counter()
-            ckpt.after_step(state)  # due at every step: an asynchronous save
+            ckpt.after_step(state, save=True)  # at every step: an asynchronous save
             train_step()
             stall = ckpt.last_stall_s
             ckpt.wait()

@@ -130,7 +130,7 @@ def bench(rank: int, world_size: int, base: str, repeats: int) -> dict:
         dist.barrier()
         sync = manager(async_save=False)
         state.step = 2 * i + 1
-        results["sync"].append(timed(lambda: sync.after_step(state)))
+        results["sync"].append(timed(lambda: sync.after_step(state, save=True)))
         sync.close()
         folder = root / store.step_dir_name(state.step)
         manifest = store.read_manifest(folder)
@@ -152,10 +152,10 @@ def bench(rank: int, world_size: int, base: str, repeats: int) -> dict:
         for save in range(3):  # the first save, then two with the buffers in place
             state.step += 1
             if save == 1:
-                results["async"].append(timed(lambda: (asynchronous.after_step(state), asynchronous.wait())))
+                results["async"].append(timed(lambda: (asynchronous.after_step(state, save=True), asynchronous.wait())))
                 continue
-            results["async_total"].append(timed(lambda: (asynchronous.after_step(state), train_step(model, optim),
-                                                         asynchronous.wait())))
+            results["async_total"].append(timed(lambda: (asynchronous.after_step(state, save=True),
+                                                         train_step(model, optim), asynchronous.wait())))
             results["first_stall" if save == 0 else "stall"].append(asynchronous.last_stall_s)
         asynchronous.close()
     if rank == 0:

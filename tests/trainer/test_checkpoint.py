@@ -25,6 +25,7 @@ from torch.distributed.fsdp import fully_shard
 
 from brain_trainer.checkpoint import CheckpointManager, TrainState, latest_checkpoint, load_model, save_model
 from brain_trainer.checkpoint import store
+from brain_trainer.checkpoint.cadence import Cadence
 from brain_trainer.config import CheckpointConfig
 from brain_trainer.model.export import main as export_main
 
@@ -71,6 +72,7 @@ def save_at_two(rank: int, world_size: int, root: str) -> dict:
     state = TrainState(model, optim, sched)
     ckpt = CheckpointManager(_cfg(Path(root)), rank=rank, world_size=world_size, config_hash="h")
     assert ckpt.restore(state) is None
+    cadence = Cadence(ckpt.cfg)
     full = {}
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(STEPS):
@@ -81,7 +83,7 @@ def save_at_two(rank: int, world_size: int, root: str) -> dict:
         sched.step()
         state.step += 1
         state.sample_index += 8 * world_size
-        ckpt.after_step(state)
+        ckpt.after_step(state, save=cadence.due(state.step))
         if state.step in (STEPS - INTERVAL, STEPS):
             full[state.step] = _full_state(model, optim)
     ckpt.finish(state)

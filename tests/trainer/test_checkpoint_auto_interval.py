@@ -11,7 +11,7 @@ from harness import run_ranks
 from torch import nn
 
 from brain_trainer.checkpoint import CheckpointManager, TrainState, store
-from brain_trainer.checkpoint.young_daly import FIRST_INTERVAL_STEPS
+from brain_trainer.checkpoint.cadence import FIRST_INTERVAL_STEPS, Cadence
 from brain_trainer.config import CheckpointConfig
 from brain_trainer.loop import boundary
 from brain_trainer.resilience.preemption import Preemption
@@ -30,19 +30,20 @@ def auto_loop(rank: int, world_size: int, root: str) -> dict:
                            preemption_vote_seconds=0)
     ckpt = CheckpointManager(cfg, rank=rank, world_size=world_size, config_hash="auto")
     ckpt.restore(state)
+    preemption = Preemption(cfg, rank=rank, group=ckpt.group)
     # As train.py does: rank 0 alone holds the figure.
-    preemption = Preemption(cfg, rank=rank, group=ckpt.group, mtbf_s=60 * MTBF_MINUTES if rank == 0 else 0.0)
+    cadence = Cadence(cfg, mtbf_s=60 * MTBF_MINUTES if rank == 0 else 0.0, last_save=state.step, announce=rank == 0)
     decisions = []  # (step, interval in force, saved)
     for _ in range(STEPS):
         model(torch.ones(2, 4)).sum().backward()
         optim.step()
         optim.zero_grad()
         state.step += 1
-        interval, stalled = ckpt.interval, ckpt.stall_total_s
-        boundary.after_step(state, ckpt, preemption)
+        interval, stalled = cadence.interval, ckpt.stall_total_s
+        boundary.after_step(state, ckpt, preemption, cadence)
         decisions.append((state.step, interval, ckpt.stall_total_s > stalled))  # a blocking save stalls the loop
     boundary.finish(state, ckpt, preemption)
-    return {"decisions": decisions, "final interval": ckpt.interval}
+    return {"decisions": decisions, "final interval": cadence.interval}
 
 
 def test_every_rank_saves_at_the_same_steps_at_the_young_daly_interval(tmp_path):

@@ -139,7 +139,7 @@ def test_an_older_groups_commit_is_refused_after_a_newer_group_took_the_volume(t
     new, new_state = _group(tmp_path, A, monkeypatch)  # the same job's new group (a replaced pod): generation 2
     _step(old_state)
     with pytest.raises(Fatal) as refused:
-        old.after_step(old_state)  # a blocking save commits here; an asynchronous one in the background...
+        old.after_step(old_state, save=True)  # a blocking save commits here; an asynchronous one in the background...
         old.wait()  # ...whose refusal the next wait re-raises
     assert refused.value.reason == contract.FENCED == "fenced"
     assert refused.value.line == (f"checkpoint folder {tmp_path} was taken over by {A} (generation 2); this worker "
@@ -148,7 +148,7 @@ def test_an_older_groups_commit_is_refused_after_a_newer_group_took_the_volume(t
     old.close(wait=False)
 
     _step(new_state)
-    new.after_step(new_state)
+    new.after_step(new_state, save=True)
     new.finish(new_state)
     (committed,) = store.list_checkpoints(tmp_path)
     assert committed.manifest["lease"] == {"holder": A, "generation": 2}

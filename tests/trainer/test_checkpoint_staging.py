@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.fsdp import fully_shard
 
 from brain_trainer.checkpoint import CheckpointManager, TrainState, load_model, store
+from brain_trainer.checkpoint.cadence import Cadence
 from brain_trainer.checkpoint.staging import Stager
 from brain_trainer.config import CheckpointConfig
 
@@ -77,18 +78,19 @@ def train_and_save(rank: int, world_size: int, root: str) -> dict:
         cfg = CheckpointConfig(dir=root, interval_steps=INTERVAL, keep_last=SAVES + 1, async_save=True)
         ckpt = CheckpointManager(cfg, rank=rank, world_size=world_size, config_hash="h")
         assert ckpt.restore(state) is None
+        cadence = Cadence(cfg)
         saved, counts = {}, {}
         for _ in range(SAVES * INTERVAL + 1):
             model(torch.randn(4, 6)).square().mean().backward()
             optim.step()
             optim.zero_grad()
             state.step += 1
-            ckpt.after_step(state)
+            ckpt.after_step(state, save=cadence.due(state.step))
             if state.step == 1:  # no save yet: the buffers are being allocated in the staging thread
                 stager = ckpt.stager
                 stager.allocated.result()
                 counts["warm"] = (stager.counts.ahead, stager.counts.in_saves)
-            if ckpt.due(state.step) or state.step == SAVES * INTERVAL + 1:
+            if cadence.due(state.step) or state.step == SAVES * INTERVAL + 1:
                 saved[state.step] = _full(model, optim)
         ckpt.finish(state)
         counts["end"] = (stager.counts.ahead, stager.counts.in_saves)

@@ -22,6 +22,7 @@ from torch import nn
 
 from brain_trainer import contract
 from brain_trainer.checkpoint import CheckpointManager, TrainState, store
+from brain_trainer.checkpoint.cadence import Cadence
 from brain_trainer.config import CheckpointConfig
 from brain_trainer.loop import boundary
 from brain_trainer.resilience.preemption import Preempted, Preemption, steps_between_votes
@@ -44,6 +45,7 @@ def _loop(rank: int, world_size: int, root: Path, vote_s: float, interval: int) 
     ckpt = CheckpointManager(cfg, rank=rank, world_size=world_size, config_hash="vote")
     ckpt.restore(state)
     preemption = Preemption(cfg, rank=rank, group=ckpt.group)
+    cadence = Cadence(cfg, last_save=state.step)
     os.environ["BRAIN_TERMINATION_LOG"] = str(root.parent / f"{root.name}-term{rank}")
     try:
         for _ in range(STEPS):
@@ -51,7 +53,7 @@ def _loop(rank: int, world_size: int, root: Path, vote_s: float, interval: int) 
             optim.step()
             optim.zero_grad()
             state.step += 1
-            boundary.after_step(state, ckpt, preemption)
+            boundary.after_step(state, ckpt, preemption, cadence)
             if state.step == SIGNAL_AFTER and rank == 1:
                 os.kill(os.getpid(), signal.SIGTERM)  # handled before the next step starts
         boundary.finish(state, ckpt, preemption)

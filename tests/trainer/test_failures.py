@@ -106,7 +106,7 @@ def _saves(rank: int, world_size: int, root: str, full: str) -> dict:
             optim.step()
             optim.zero_grad()
             state.step += 1
-            ckpt.after_step(state)
+            ckpt.after_step(state, save=True)
         ckpt.finish(state)
     except Fatal as failed:
         return {"reason": failed.reason, "line": failed.line}

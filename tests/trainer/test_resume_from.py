@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from brain_trainer.checkpoint import resume_from, store
+from brain_trainer.checkpoint.cadence import Cadence
 from brain_trainer.config import CheckpointConfig, TrainerConfig
 from brain_trainer.contract import RUN_ID_ENV, step_dir_name
 from brain_trainer.schema import ConfigError
@@ -147,6 +148,7 @@ def _phase(rank: int, world_size: int, root: Path, run: str, value, steps: int) 
     except ConfigError as exc:
         ckpt.close()
         return {"refused": str(exc)}
+    cadence = Cadence(cfg)
     first = {"restored": restored, "sample_index": state.sample_index, "weight": model.weight.detach().sum().item()}
     for _ in range(steps):
         model(torch.ones(2, 4)).sum().backward()
@@ -154,7 +156,7 @@ def _phase(rank: int, world_size: int, root: Path, run: str, value, steps: int) 
         optim.zero_grad()
         state.step += 1
         state.sample_index += 2 * world_size
-        ckpt.after_step(state)
+        ckpt.after_step(state, save=cadence.due(state.step))
     ckpt.finish(state)
     return first
 

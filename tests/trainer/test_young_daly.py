@@ -1,10 +1,10 @@
-"""Young/Daly's checkpoint interval (brain_trainer.checkpoint.young_daly): pure."""
+"""Young/Daly's checkpoint interval (brain_trainer.checkpoint.cadence's pure functions)."""
 
 import math
 
 import pytest
 
-from brain_trainer.checkpoint.young_daly import DEFAULT_MTBF_SECONDS, FIRST_INTERVAL_STEPS, choose_mtbf, interval_seconds, interval_steps
+from brain_trainer.checkpoint.cadence import DEFAULT_MTBF_SECONDS, FIRST_INTERVAL_STEPS, choose_mtbf, interval_seconds, interval_steps
 
 
 def test_daly_is_youngs_square_root_less_the_stall():

@@ -1,7 +1,7 @@
-"""CheckpointManager: when to save, asynchronous saves, commit, resume, a full volume.
+"""CheckpointManager: saves (asynchronous ones too), commit, resume, a full volume.
 
-Preemption (SIGTERM, checkpoint requests and the vote) is resilience/preemption.py's: the manager is told
-the vote's result (`after_step`, `finish`).
+When to save is cadence.py's, and preemption (SIGTERM, checkpoint requests and the vote) is
+resilience/preemption.py's: loop/boundary.py tells the manager what they decided (`after_step`, `finish`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,17 +25,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from ..config import AUTO, CheckpointConfig
+from ..config import CheckpointConfig
 from ..contract import ERROR, RUN_ID_ENV, STORAGE_FULL, restart_count
 from ..resilience.failures import Fatal, classify
 from ..schema import ConfigError, FieldError
 from . import compat, resume_from, shards, staging, store
 from .lease import VolumeLease
 from .state import MODEL_PREFIX, TrainState, UnexpectedState
-from .young_daly import FIRST_INTERVAL_STEPS, interval_steps
-
-if TYPE_CHECKING:
-    from ..resilience.preemption import Vote
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +86,7 @@ def _size_text(size: int) -> str:
 
 
 class CheckpointManager:
-    """Saves TrainState every `interval_steps` into `cfg.dir` and resumes from it.
+    """Saves TrainState into `cfg.dir` when told to (`after_step`, `finish`) and resumes from it.
 
     Collective: every rank constructs one and makes the same calls in the same
     order. Saves run on their own gloo group, so an asynchronous save's
@@ -107,10 +103,6 @@ class CheckpointManager:
         self.save_guard = save_guard  # entered around each save the loop waits for (the hang watchdog's)
         self._requested: tuple[str, int] | None = None  # (request, step) saved for it, until committed
         self.answered: tuple[str, int] | None = None  # the newest request whose checkpoint is committed
-        # intervalSteps auto (young_daly.py): every rank computes the same interval from what the votes agree on.
-        self.auto = cfg.interval_steps == AUTO
-        self.interval = FIRST_INTERVAL_STEPS if self.auto else int(cfg.interval_steps)
-        self._last_save_step = 0
         self.manifest_fields = manifest_fields or {}  # more facts for every manifest (the model, where it started from)
         self.rank = rank
         self.world_size = world_size
@@ -188,7 +180,7 @@ class CheckpointManager:
                 self._set_aside(candidate.path, f"is refused ({exc})")
                 partly_loaded = exc
                 continue
-            self._saved_step = self._last_save_step = state.step
+            self._saved_step = state.step
             self.last_committed = (candidate.step, candidate.path)
             return state.step
         if partly_loaded is not None:
@@ -253,31 +245,19 @@ class CheckpointManager:
 
     # -- saving --
 
-    def due(self, step: int) -> bool:
-        """Whether `step` is a save step of the interval (the ranks vote before each save too)."""
-        if not self.cfg.enabled:
-            return False
-        if self.auto:
-            return step - self._last_save_step >= self.interval
-        return bool(self.interval) and step % self.interval == 0
-
-    def after_step(self, state: TrainState, vote: Optional[Vote] = None) -> None:
-        """Call after every optimizer step (state.step already advanced), with the vote if one was held there."""
+    def after_step(self, state: TrainState, *, save: bool = False, request: Optional[str] = None) -> None:
+        """Call after every optimizer step (state.step already advanced): `save` this step (the cadence's, or a
+        request's), `request` the checkpoint request it answers (the vote's)."""
         if not self.cfg.enabled:
             return
         self._lease.raise_if_fenced()  # rank 0's renewals found a newer group: stop before more work
         if self.cfg.async_save and self.stager is None:
             self._warm_up(state)
-        saving = self.due(state.step)
-        if vote is not None:
-            if self.auto and vote.step_s > 0:
-                self._choose_interval(vote.stall_s, vote.mtbf_s, vote.step_s)
-            if vote.request is not None:
-                saving = True
-                self._requested = (vote.request, state.step)
-                if self.rank == 0:
-                    log.info("checkpoint requested (%s): saving step %d", vote.request, state.step)
-        if saving:
+        if request is not None:
+            self._requested = (request, state.step)
+            if self.rank == 0:
+                log.info("checkpoint requested (%s): saving step %d", request, state.step)
+        if save:
             with self.save_guard():
                 self._save(state, blocking=not self.cfg.async_save)
 
@@ -288,25 +268,15 @@ class CheckpointManager:
         self._hook = state.optimizer.register_step_pre_hook(self._before_optimizer_step)
         self.stager.allocate(state.state_dict())
 
-    def _choose_interval(self, stall_s: float, mtbf_s: float, step_s: float) -> None:
-        """intervalSteps auto: Young/Daly's interval once a save's stall is measured (the slowest rank's figures)."""
-        if stall_s <= 0 or mtbf_s <= 0:
-            return
-        chosen = interval_steps(stall_s, mtbf_s, step_s)
-        if chosen != self.interval and self.rank == 0:
-            log.info("checkpoint interval (auto): %d steps, by Young/Daly from a %.3g s checkpoint stall, %.3g s steps "
-                     "and a mean time between failures of %.0f s", chosen, stall_s, step_s, mtbf_s)
-        self.interval = chosen
-
-    def finish(self, state: TrainState, vote: Optional[Vote] = None) -> None:
-        """Final save (answering the vote's request, if any); returns once it is committed on disk.
+    def finish(self, state: TrainState, request: Optional[str] = None) -> None:
+        """Final save (answering the vote's `request`, if any); returns once it is committed on disk.
 
         Also the preemption checkpoint: the caller then leaves (Preemption.leave).
         """
         if not self.cfg.enabled:
             return
-        if vote is not None and vote.request is not None:
-            self._requested = (vote.request, state.step)
+        if request is not None:
+            self._requested = (request, state.step)
         with self.save_guard():
             self.wait()
             if state.step != self._saved_step:
@@ -406,7 +376,7 @@ class CheckpointManager:
             self._pending_step = state.step
         self.last_stall_s = time.perf_counter() - started
         self.stall_total_s += self.last_stall_s
-        self._saved_step = self._last_save_step = state.step
+        self._saved_step = state.step
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # The copy to CPU memory overlaps the next forward and backward; only the

@@ -33,7 +33,7 @@ ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 TP_STRATEGIES = ("auto", "fsdp")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
 INTERLEAVED = "interleaved-1f1b"  # the schedule that runs several (virtual) stages per pipeline rank
-# checkpoint.interval_steps chosen by the Young/Daly rule (young_daly.py).
+# checkpoint.interval_steps chosen by the Young/Daly rule (checkpoint/cadence.py).
 AUTO = "auto"
 # checkpoint.resume_from: the newest committed checkpoint, or none (from scratch); else a committed step.
 RESUME_LATEST, RESUME_NONE = "latest", "none"

@@ -1,8 +1,9 @@
 """What happens between two optimizer steps for checkpoints: the preemption vote, then a save if one is due.
 
-The vote (resilience/preemption.py) and the saves (checkpoint/manager.py) know
-nothing of each other; these two functions put them in order, on every rank
-at the same steps.
+The cadence (checkpoint/cadence.py: when a save is due), the vote
+(resilience/preemption.py: SIGTERM, requests, figures agreed across ranks) and
+the saves (checkpoint/manager.py) know nothing of each other; these two
+functions put them in order, on every rank at the same steps.
 """
 
 from __future__ import annotations
@@ -10,28 +11,35 @@ from __future__ import annotations
 import logging
 
 from ..checkpoint import CheckpointManager, TrainState
+from ..checkpoint.cadence import Cadence
 from ..contract import PREEMPTED
 from ..resilience.preemption import Preemption
 
 log = logging.getLogger(__name__)
 
 
-def after_step(state: TrainState, ckpt: CheckpointManager, preemption: Preemption) -> None:
+def after_step(state: TrainState, ckpt: CheckpointManager, preemption: Preemption, cadence: Cadence) -> None:
     """After every optimizer step: vote when the vote or a save is due (a save is collective anyway), then save."""
-    vote = None
-    if preemption.due(state.step) or ckpt.due(state.step):
-        vote = preemption.vote(state.step, ckpt.last_stall_s)
+    due = cadence.due(state.step)
+    request = None
+    if preemption.due(state.step) or due:
+        vote = preemption.vote(state.step, cadence.figures(ckpt.last_stall_s))
         if vote.stop:
             _leave(state, ckpt, preemption)
-    ckpt.after_step(state, vote)
+        cadence.update(vote.step_s, vote.figures)
+        request = vote.request
+    save = due or request is not None
+    ckpt.after_step(state, save=save, request=request)
+    if save:
+        cadence.saved(state.step)
 
 
 def finish(state: TrainState, ckpt: CheckpointManager, preemption: Preemption) -> None:
     """The final save, after one more vote: a SIGTERM since the last one still ends the trainer PREEMPTED."""
-    vote = preemption.vote(state.step, ckpt.last_stall_s) if preemption.enabled else None
+    vote = preemption.vote(state.step) if preemption.enabled else None
     if vote is not None and vote.stop:
         _leave(state, ckpt, preemption)
-    ckpt.finish(state, vote)
+    ckpt.finish(state, vote.request if vote is not None else None)
     preemption.close()
 
 

@@ -8,8 +8,8 @@ public classes are this path (docs/architecture.md, "The trainer").
 The loop keeps the running loss on the device and synchronises with the host
 only at logging steps (every `training.log_interval` steps). What happens
 around a step belongs to others: the reporter keeps the books and publishes
-(observe/), the watchdog times steps, the preemption vote and the checkpoint
-manager decide on saves (boundary.py).
+(observe/), the watchdog times steps, the preemption vote, the checkpoint
+cadence and the checkpoint manager decide on saves (boundary.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Dataset
 
 from ..checkpoint import CheckpointManager, SampleLog, TrainState, WholeModel
-from ..checkpoint.young_daly import choose_mtbf
-from ..config import AUTO, DistributedConfig, TrainerConfig
+from ..checkpoint.cadence import Cadence
+from ..config import DistributedConfig, TrainerConfig
 from ..contract import OUT_OF_MEMORY
 from ..data.loader import RankAwareDataLoader, build_dataset
 from ..data.tokens.source import token_source
@@ -106,6 +106,7 @@ class Trainer:
     state: TrainState
     ckpt: CheckpointManager
     preemption: Preemption
+    cadence: Cadence
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]]
     evaluator: Optional[Evaluator]
     sample_log: SampleLog
@@ -343,11 +344,11 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
     # After finish() or a preemption it is closed already; after an error this does not wait for a save in flight.
     cleanup.callback(ckpt.close, wait=False)
     # Before the restore: a SIGTERM from here on is answered at the first vote, with a checkpoint.
-    preemption = Preemption(cfg.checkpoint, rank=rank, group=ckpt.group, request_file=run.checkpoint_request,
-                            mtbf_s=_mtbf_seconds(cfg, reporter))
+    preemption = Preemption(cfg.checkpoint, rank=rank, group=ckpt.group, request_file=run.checkpoint_request)
     cleanup.callback(preemption.close)  # SIGTERM gets its meaning back after an error
     if ckpt.restore(state) is not None:
         follow_config(scheduler, schedule, peak_lr)
+    cadence = Cadence.for_run(cfg.checkpoint, reporter.goodput.ledger if reporter.active else None, last_save=state.step)
 
     # Batches are dealt by data-parallel rank: the tp ranks of a group and the stages of a pipeline read the same
     # ones, logged once (by the first stage's first tp rank) and counted once in evaluation (by the last stage's).
@@ -387,18 +388,7 @@ def _build(run: Run, rank: int, world_size: int, device: torch.device, reporter:
                                                    for stage in pipeline.stages))
     return Trainer(wrapper=wrapper, model=model, optimizer=optimizer, scheduler=scheduler, accumulator=accumulator,
                    state=state, ckpt=ckpt, preemption=preemption, batches=iter(loader), evaluator=evaluator,
-                   sample_log=sample_log, autocast=autocast, device=device, global_batch=global_batch)
-
-
-def _mtbf_seconds(cfg: TrainerConfig, reporter: Reporter) -> float:
-    """Rank 0's mean time between failures for intervalSteps auto (only its ledger knows the run's failures)."""
-    if not reporter.active:
-        return 0.0
-    ledger = reporter.goodput.ledger
-    mtbf_s, source = choose_mtbf(cfg.checkpoint.mtbf_minutes, ledger.wall_seconds, ledger.restarts)
-    if cfg.checkpoint.enabled and cfg.checkpoint.interval_steps == AUTO:
-        log.info("checkpoint interval (auto): mean time between failures %.0f s (%s)", mtbf_s, source)
-    return mtbf_s
+                   cadence=cadence, sample_log=sample_log, autocast=autocast, device=device, global_batch=global_batch)
 
 
 def _loop(t: Trainer, cfg: TrainerConfig, reporter: Reporter, watchdog: Watchdog) -> TrainResult:
@@ -437,7 +427,7 @@ def _loop(t: Trainer, cfg: TrainerConfig, reporter: Reporter, watchdog: Watchdog
         state.sample_index += t.global_batch
         t.sample_log.record(state.step)
         watchdog.stepped(state.step)
-        boundary.after_step(state, ckpt, t.preemption)
+        boundary.after_step(state, ckpt, t.preemption, t.cadence)
         reporter.stepped(state.step, ckpt.stall_total_s)
         if t.evaluator is not None and due(state.step, training):
             began = time.perf_counter()
@@ -452,7 +442,7 @@ def _loop(t: Trainer, cfg: TrainerConfig, reporter: Reporter, watchdog: Watchdog
             mean_loss = all_reduce_weighted_mean(running_loss.item(), micro_losses)
         reporter.logged(state.step, mean_loss, lr=t.scheduler.get_last_lr()[0], grad_norm=t.accumulator.last_grad_norm,
                         peak_memory=peak_memory_bytes(t.device), last_checkpoint_step=committed_step(ckpt),
-                        answered=ckpt.answered, checkpoint_interval=ckpt.interval)
+                        answered=ckpt.answered, checkpoint_interval=t.cadence.interval)
         running_loss.zero_()
         micro_losses = 0
     reporter.loop_ended(state.step)

@@ -7,10 +7,11 @@ every `preemption_vote_seconds` at a step boundary: one all-reduce, after
 which all of them save the same step and leave together (`leave`). The vote
 also carries rank 0's reading of the checkpoint request file (one reader, so
 ranks whose copies of the file update at different times still agree) and
-the figures intervalSteps auto chooses from, so every rank chooses alike.
+the maximum over ranks of any figures the caller brings (intervalSteps auto's,
+checkpoint/cadence.py), so that every rank decides alike from them.
 
-    preemption = Preemption(cfg.checkpoint, rank=rank, request_file=..., mtbf_s=...)
-    vote = preemption.vote(step, stall_s) if preemption.due(step) else None
+    preemption = Preemption(cfg.checkpoint, rank=rank, request_file=...)
+    vote = preemption.vote(step, figures) if preemption.due(step) else None
     if vote and vote.stop: ...save...; preemption.leave(step)   # raises Preempted
 """
 
@@ -21,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -45,8 +46,7 @@ class Vote:
     stop: bool  # some rank got SIGTERM: save this step and leave
     request: Optional[str]  # a new checkpoint request ("" on ranks other than 0), or None
     step_s: float  # seconds per step since the previous vote; 0.0 at the first
-    stall_s: float  # how long the latest save blocked the loop
-    mtbf_s: float  # the run's mean time between failures (rank 0's goodput ledger knows it)
+    figures: tuple[float, ...] = ()  # the caller's figures, each the maximum over ranks
 
 
 def steps_between_votes(period_s: float, step_s: float) -> int:
@@ -58,15 +58,13 @@ class Preemption:
     """Every rank makes one and calls `vote` at the same steps (`due`, or whenever a save is due).
 
     `group` is a process group that only this thread uses (None: one process,
-    nothing to agree on). `mtbf_s` is rank 0's figure; other ranks pass 0.
+    nothing to agree on).
     """
 
-    def __init__(self, cfg: CheckpointConfig, *, rank: int, group: Any = None, request_file: Optional[Path] = None,
-                 mtbf_s: float = 0.0):
+    def __init__(self, cfg: CheckpointConfig, *, rank: int, group: Any = None, request_file: Optional[Path] = None):
         self.enabled = cfg.enabled  # without checkpoints there is nothing to save: SIGTERM keeps its meaning
         self.period_s = cfg.preemption_vote_seconds
         self.group = group
-        self.mtbf_s = mtbf_s
         self.request_file = request_file if rank == 0 else None
         self._request_seen = self._read_request()  # a request from before this start is not repeated
         self._signalled = False
@@ -82,24 +80,25 @@ class Preemption:
     def due(self, step: int) -> bool:
         return self.enabled and (self._next is None or step >= self._next)
 
-    def vote(self, step: int, stall_s: float) -> Vote:
+    def vote(self, step: int, figures: Sequence[float] = ()) -> Vote:
         """Collective on `group`: one all-reduce of (SIGTERM seen, seconds since the previous vote, rank 0 saw a
-        new request, stall, MTBF), maximum over ranks; every rank then computes the same next vote step."""
+        new request, *figures), maximum over ranks; every rank then computes the same next vote step. Every rank
+        brings as many figures."""
         now = time.perf_counter()
         request = self._new_request()
         since = now - self._last[1] if self._last else 0.0
-        figures = [float(self._signalled), since, float(request is not None), stall_s, self.mtbf_s]
+        agreed = [float(self._signalled), since, float(request is not None), *figures]
         if self.group is not None:
-            agreed = torch.tensor(figures, dtype=torch.float64)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
-            figures = agreed.tolist()
+            reduced = torch.tensor(agreed, dtype=torch.float64)
+            dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=self.group)
+            agreed = reduced.tolist()
         steps = step - self._last[0] if self._last else 0
-        step_s = figures[1] / steps if steps else 0.0
+        step_s = agreed[1] / steps if steps else 0.0
         # One process has nothing to agree on: it looks after every step, for free.
         self._next = step + (steps_between_votes(self.period_s, step_s) if self.group is not None else 1)
         self._last = (step, now)
-        return Vote(stop=bool(figures[0]), request=(request or "") if figures[2] else None, step_s=step_s,
-                    stall_s=figures[3], mtbf_s=figures[4])
+        return Vote(stop=bool(agreed[0]), request=(request or "") if agreed[2] else None, step_s=step_s,
+                    figures=tuple(agreed[3:]))
 
     def leave(self, step: int) -> None:
         """After the preemption checkpoint of `step` is committed on every rank: say so, and exit PREEMPTED."""
