@@ -22,6 +22,7 @@ LAYERS = (
     ("parallel",),
     ("checkpoint",),
     ("resilience", "observe"),
+    ("plan",),
     ("config",),
     ("contract",),
     ("schema", "files", "version", "lazy"),

@@ -22,7 +22,7 @@ from typing import Iterator, Optional
 from brain_trainer.config import TrainerConfig
 from brain_trainer.config.model_flops import six_n_flops_per_token, training_flops_per_token
 from brain_trainer.config.presets import param_count, preset_config
-from brain_trainer.parallel.memory import (
+from brain_trainer.plan.memory import (
     GIB,
     HostPlan,
     MemoryPlan,

@@ -10,9 +10,9 @@ import pytest
 from processes import run
 
 from brain_trainer import ConfigError, TrainerConfig
-from brain_trainer.parallel.comms import REDUCE_BYTES, ring
-from brain_trainer.parallel.layout import bubble_fraction, micro_batch_problems, world_problems
-from brain_trainer.parallel.memory import (
+from brain_trainer.plan.comms import REDUCE_BYTES, ring
+from brain_trainer.plan.layout import bubble_fraction, micro_batch_problems, world_problems
+from brain_trainer.plan.memory import (
     GIB,
     plan_host_memory,
     InsufficientMemoryError,
@@ -28,7 +28,7 @@ from brain_trainer.parallel.memory import (
     strategy_ladder,
     tensor_parallel_options,
 )
-from brain_trainer.parallel.pipeline_plan import in_flight, rank_units
+from brain_trainer.plan.pipeline import in_flight, rank_units
 from brain_trainer.config.presets import MODEL_PRESETS, param_count, split_block_params, wrap_unit_params
 
 GB = 10**9
@@ -40,8 +40,8 @@ U = max(wrap_unit_params(MINIMAL))
 def test_planner_presets_and_config_do_not_import_torch():
     code = (
         "import sys\n"
-        "import brain_trainer, brain_trainer.config, brain_trainer.config.presets, brain_trainer.parallel.memory\n"
-        "brain_trainer.parallel.memory.choose_strategy('7b', world_size=8, device_memory_bytes=80 * 10**9)\n"
+        "import brain_trainer, brain_trainer.config, brain_trainer.config.presets, brain_trainer.plan.memory\n"
+        "brain_trainer.plan.memory.choose_strategy('7b', world_size=8, device_memory_bytes=80 * 10**9)\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
     )
     done = run([sys.executable, "-c", code], timeout=120)

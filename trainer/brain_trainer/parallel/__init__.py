@@ -5,8 +5,8 @@ Importing this package is torch-free; each torch name loads its module on first 
 """
 
 from ..lazy import lazy_exports
-from .layout import Layout, build_layout
-from .memory import choose_strategy, plan_memory, resolve_distributed
+from ..plan.layout import Layout, build_layout
+from ..plan.memory import choose_strategy, plan_memory, resolve_distributed
 
 _LAZY = {
     "DistributedLauncher": "launcher",

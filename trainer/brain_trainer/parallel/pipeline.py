@@ -46,8 +46,8 @@ from .blocks import Backend, apply_block_options
 from .ddp import Materialize, ProcessGroupUser, use_local_device
 from .fsdp import TP_DIM, shard_options, sharding_policy
 from .launcher import env_int
-from .layout import Layout, build_layout
-from .stages import Stage, stage_plan
+from ..plan.layout import Layout, build_layout
+from ..plan.stages import Stage, stage_plan
 from .tensor import apply_tensor_parallel
 
 PP_DIM = "pp"

@@ -71,7 +71,7 @@ from ..config.sections import INTERLEAVED, PIPELINE_SCHEDULES
 from ..schema import ConfigError, FieldError, Names
 from .comms import REDUCE_BYTES, StepCommunication, step_communication
 from .layout import bubble_fraction
-from .pipeline_plan import RankStage, in_flight, pipeline_problems, rank_units, receive_buffers, split_blocks
+from .pipeline import RankStage, in_flight, pipeline_problems, rank_units, receive_buffers, split_blocks
 
 MIB = 1024**2
 GIB = 1024**3
