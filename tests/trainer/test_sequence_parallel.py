@@ -13,7 +13,7 @@ from brain_trainer.config.presets import MODEL_PRESETS, preset_config
 from brain_trainer.model.brain_ai import (
     BlockStack, DecisionBlock, Encoders, Heads, SlotAttentionBlock, TransformerBlock, reset_block, residual_out_std,
 )
-from brain_trainer.plan.memory import block_units
+from brain_trainer.plan.activations import block_units
 from brain_trainer.parallel.tensor import apply_tensor_parallel, split_runs
 from harness import run_ranks
 from parity import global_batches, lm_loss, minimal_model

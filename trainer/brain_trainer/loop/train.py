@@ -52,7 +52,7 @@ from ..parallel.launcher import DistributedLauncher, env_int
 from ..plan.layout import Layout, bubble_fraction, build_layout, micro_batch_problems, micro_batches_field
 from ..parallel.pipeline import PipelineSteps, PipelineWrapper
 from ..parallel.blocks import COMPILE_BACKEND, Backend
-from ..plan.memory import checkpoint_bytes, rank_estimate, resolve_distributed
+from ..plan import checkpoint_bytes, rank_estimate, resolve_distributed
 from ..resilience.failures import Fatal, say
 from ..resilience.preemption import Preemption
 from ..resilience.preflight import run_preflight
