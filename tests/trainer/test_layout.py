@@ -1,4 +1,4 @@
-"""parallel/layout.py and the tensorParallel setting: the layouts a job may ask for, refused with the field named,
+"""plan/layout.py and the tensorParallel setting: the layouts a job may ask for, refused with the field named,
 the same from the operator's validation as from the trainer."""
 
 from __future__ import annotations

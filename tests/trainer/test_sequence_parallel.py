@@ -1,6 +1,6 @@
 """Sequence parallelism (parallel/tensor.py) on real gloo ranks: the residual stream between split blocks is sharded
 along the sequence, runs of split blocks are found in a user's model too, and the bytes autograd saves inside the
-split blocks at tp1 and tp2 are what the planner (parallel/memory.py) counts."""
+split blocks at tp1 and tp2 are what the planner (plan/activations.py) counts."""
 
 from __future__ import annotations
 

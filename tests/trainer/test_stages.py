@@ -1,4 +1,4 @@
-"""parallel/stages.py: where BrainAI is cut into pipeline stages, checked against the model and the FLOP formula."""
+"""plan/stages.py: where BrainAI is cut into pipeline stages, checked against the model and the FLOP formula."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Pipeline parallelism for BrainAI (`torch.distributed.pipelining`), composed with tensor parallelism and FSDP2.
 
-Each pipeline rank keeps only the units of its own stages (stages.py cuts the
+Each pipeline rank keeps only the units of its own stages (plan/stages.py cuts the
 chain; stage s runs on pipeline rank s mod pp). The whole BrainAI is built on
 the meta device as for every other layout, then every unit of another rank's
 stages is replaced by a parameterless `nn.Identity`: the kept blocks keep their

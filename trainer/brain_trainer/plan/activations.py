@@ -47,7 +47,7 @@ def activation_units(cfg: BrainAIConfig, checkpointing: str, every: int = 2, ten
     meta 4, heads 3, and each block of a stack its `block_units`.
 
     Attention is flash-style (scaled_dot_product_attention), so nothing grows
-    with seq_len squared. Checkpointing acts on blocks (blocks.py: the leaf
+    with seq_len squared. Checkpointing acts on blocks (parallel/blocks.py: the leaf
     wrap units in forward order: encoders, every block, meta, heads): a
     checkpointed block keeps only its input (1 unit; a split block's 1/tp,
     its sequence shard), and one checkpointed block at a time is recomputed

@@ -66,7 +66,8 @@ def _tensor_parallel_misfits(question: PlanQuestion, choice: StrategyChoice) -> 
         if choice.strategy != "fsdp":
             yield FieldError("distributed.tensor_parallel", f"{tp} needs strategy fsdp, got {choice.strategy}")
         if question.world_size % tp:
-            yield FieldError("distributed.tensor_parallel", f"{tp} does not divide the world size {question.world_size}")
+            yield FieldError("distributed.tensor_parallel",
+                             f"{tp} does not divide the world size {question.world_size}")
         hybrid = choice.strategy == "fsdp" and choice.fsdp_sharding == "hybrid_shard"
         if hybrid and node_size and node_size % tp:
             yield FieldError("distributed.tensor_parallel", f"{tp} does not divide the ranks per node {node_size}")

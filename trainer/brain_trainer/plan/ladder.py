@@ -95,8 +95,8 @@ def layouts(question: PlanQuestion) -> list[tuple[int, int]]:
         degrees = [d for d in tensor_parallel_options(question.model, node) if question.world_size % d == 0]
     tried = [(d, 1 if pp is None else pp) for d in degrees]
     if pp is None and node:
-        tried += [(degrees[-1], p) for p in pipeline_parallel_options(question.model, question.world_size // degrees[-1],
-                                                                      question.stages_per_rank)]
+        ranks = question.world_size // degrees[-1]
+        tried += [(degrees[-1], p) for p in pipeline_parallel_options(question.model, ranks, question.stages_per_rank)]
     return tried
 
 

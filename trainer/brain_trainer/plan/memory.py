@@ -147,7 +147,8 @@ def _sizing(question: PlanQuestion, choice: StrategyChoice, cfg: BrainAIConfig, 
     param_b = PARAM_BYTES[question.precision]
     sharding = choice.fsdp_sharding if choice.strategy == "fsdp" else "no_shard"
     node = question.ranks_per_node
-    shard = {"no_shard": 1, "shard_grad_op": dp, "full_shard": dp, "hybrid_shard": node // tp if node else node}[sharding]
+    shards = {"no_shard": 1, "shard_grad_op": dp, "full_shard": dp, "hybrid_shard": node // tp if node else node}
+    shard = shards[sharding]
     return _Sizing(question, choice, cfg, seq_len, wrap_unit_params(cfg, tp), sharding, shard, dp, param_b,
                    ADAM_MOMENT_BYTES + (MASTER_WEIGHT_BYTES if param_b < 4 else 0))
 
@@ -162,11 +163,13 @@ def _states(s: _Sizing, n_params: int, unit: int) -> tuple[int, int, int, int]:
     gathered_params = gathered_grads = 0
     if sharding in ("full_shard", "hybrid_shard"):
         gathered_params, gathered_grads = 2 * unit * param_b, unit * param_b
-        if s.choice.pipeline_parallel > 1:  # torch 2.13's stages keep them gathered from the first backward on
-            gathered_params = n_params * param_b  # (stage.py: set_reshard_after_backward(False) until perform_reduce_grad)
+        # torch 2.13's stages keep them gathered from the first backward on (stage.py:
+        # set_reshard_after_backward(False) until perform_reduce_grad)
+        if s.choice.pipeline_parallel > 1:
+            gathered_params = n_params * param_b
     if sharding != "no_shard" and s.question.micro_batches > 1:
-        # FSDP2 reduce-scatters on the last micro-batch only (accumulation.py, torch's stages): until then every
-        # gradient accumulates unsharded in fp32 (_fsdp_param.py: to_accumulated_grad_if_needed), beside the
+        # FSDP2 reduce-scatters on the last micro-batch only (loop/accumulation.py, torch's stages): until then
+        # every gradient accumulates unsharded in fp32 (_fsdp_param.py: to_accumulated_grad_if_needed), beside the
         # running unit's fresh one
         gathered_grads = n_params * REDUCE_BYTES + unit * param_b
     host = 0
