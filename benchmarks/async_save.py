@@ -80,7 +80,7 @@ def measure(args: argparse.Namespace, root: Path) -> Report:
     from brain_trainer.config import CheckpointConfig, ModelConfig
     from brain_trainer.loop.train import ADAMW_BETAS, loss_fn, param_groups
     from brain_trainer.model.brain_ai import build_model
-    from brain_trainer.parallel.memory import checkpoint_bytes
+    from brain_trainer.plan import checkpoint_bytes
 
     device = torch.device(args.device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)

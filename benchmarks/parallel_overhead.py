@@ -45,7 +45,7 @@ from brain_trainer.loop.train import loss_fn  # noqa: E402
 from brain_trainer.model.brain_ai import BrainAI  # noqa: E402
 from brain_trainer.parallel.ddp import DDPWrapper  # noqa: E402
 from brain_trainer.parallel.fsdp import FSDPWrapper  # noqa: E402
-from brain_trainer.parallel.layout import Layout  # noqa: E402
+from brain_trainer.plan.layout import Layout  # noqa: E402
 from brain_trainer.parallel.pipeline import PipelineSteps, PipelineWrapper  # noqa: E402
 
 PRESET = "minimal"

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINER = ROOT / "trainer" / "brain_trainer"
 # Top to bottom: a module imports from its own room or from a room on a lower line, never from one on its own
 # line or above (so no two rooms import each other, even through a third). The entry points and the package's
-# face sit on top; `files`, `version` and `lazy` are leaves.
+# face sit on top; `plan` (torch-free: the planner, the layout, the stage cut) under every room that runs torch;
+# `files`, `version` and `lazy` are leaves.
 LAYERS = (
     ("__init__", "__main__", "agent", "export", "tokens"),
     ("loop",),
@@ -22,6 +23,7 @@ LAYERS = (
     ("parallel",),
     ("checkpoint",),
     ("resilience", "observe"),
+    ("plan",),
     ("config",),
     ("contract",),
     ("schema", "files", "version", "lazy"),
@@ -105,17 +107,38 @@ def arrows() -> list[tuple[str, str, str]]:
 def test_every_module_of_the_trainer_lives_in_a_known_room():
     rooms = {room_of(module_name(path)) for path in TRAINER.rglob("*.py")}
     assert rooms <= set(LAYER), sorted(rooms - set(LAYER))
-    assert {"loop", "data", "model", "parallel", "checkpoint", "resilience", "observe", "config"} <= rooms
+    assert {"loop", "data", "model", "parallel", "plan", "checkpoint", "resilience", "observe", "config"} <= rooms
+
+
+def upward(found: list[tuple[str, str, str]]) -> list[str]:
+    return [f"{module} ({here}) imports {there}" for module, here, there in found if LAYER[there] <= LAYER[here]]
 
 
 def test_the_trainers_rooms_import_downwards_only():
     found = arrows()
     assert len(found) > 50  # the walk sees the imports it checks
-    upward = [f"{module} ({here}) imports {there}" for module, here, there in found if LAYER[there] <= LAYER[here]]
-    assert upward == []
+    assert upward(found) == []
 
 
-@pytest.mark.parametrize("room", ["config", "model", "parallel", "data", "checkpoint", "observe", "resilience", "loop"])
+def test_a_planted_import_of_a_torch_room_from_the_planner_is_caught():
+    planted = ("brain_trainer.plan.memory", "plan", "parallel")
+    assert upward([*arrows(), planted]) == ["brain_trainer.plan.memory (plan) imports parallel"]
+
+
+def test_everything_under_plan_imports_without_torch():
+    code = ("import importlib, pkgutil, sys, brain_trainer.plan as plan\n"
+            "names = [m.name for m in pkgutil.walk_packages(plan.__path__, 'brain_trainer.plan.')]\n"
+            "for name in names:\n"
+            "    importlib.import_module(name)\n"
+            "print(len(names), 'torch' in sys.modules)")
+    done = run(code)
+    assert done.returncode == 0, done.stderr
+    count, torch_loaded = done.stdout.split()
+    assert int(count) >= 10 and torch_loaded == "False"
+
+
+@pytest.mark.parametrize("room", ["config", "plan", "model", "parallel", "data", "checkpoint", "observe", "resilience",
+                                  "loop"])
 def test_each_rooms_face_is_torch_free(room):
     done = run(f"import sys, brain_trainer.{room}; print('torch' in sys.modules)")
     assert done.returncode == 0, done.stderr

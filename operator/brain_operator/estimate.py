@@ -16,20 +16,22 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Optional
 
 from brain_trainer.config import TrainerConfig
 from brain_trainer.config.model_flops import six_n_flops_per_token, training_flops_per_token
 from brain_trainer.config.presets import param_count, preset_config
-from brain_trainer.parallel.memory import (
+from brain_trainer.plan import (
     GIB,
     HostPlan,
     MemoryPlan,
+    PlanQuestion,
     first_fit,
+    plan_for,
     plan_host_memory,
     plan_ladder,
-    plan_memory,
     planned_model,
 )
 from brain_trainer.schema import ConfigError, FieldError, spelling
@@ -73,72 +75,45 @@ def _device_memory(device_memory_gib: float | None) -> int:
     return int(gib * GIB)
 
 
-def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
-    """(the configured plan or None under auto, the auto ladder, the plan the job will run)."""
-    cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing
+def _question(job: Job, memory: int) -> PlanQuestion:
+    """The planner's question for the job; `memory` per device, known to the planner on GPUs only (as the trainer
+    sees it)."""
+    cfg = trainer_config(job)
     if cfg.model.entrypoint:
         raise ConfigError(
             [FieldError("spec.model.entrypoint", "the planner sizes presets only; a user model's size is unknown without torch")]
         )
-    dist, training = cfg.distributed, cfg.training
-    ranks = world_size(job.spec)
-    shape = dict(
-        precision=dist.mixed_precision_policy,
-        micro_batch_size=training.micro_batch_size,
-        seq_len=training.seq_len,
-        world_size=ranks,
-        activation_checkpointing_every=dist.activation_checkpointing_every,
-        pipeline_schedule=dist.pipeline_schedule,
-        stages_per_rank=dist.stages_per_rank,
-    )
-    asked = None
     with _manifest_spelling():
-        shape["micro_batches"] = cfg.accumulation_steps(ranks)
-        if dist.strategy != "auto":
-            asked = plan_memory(
-                planned_model(cfg.model),
-                "single" if ranks == 1 and dist.strategy == "ddp" else dist.strategy,
-                fsdp_sharding=dist.fsdp_sharding,
-                activation_checkpointing=dist.activation_checkpointing,
-                cpu_offload=dist.cpu_offload,
-                node_size=job.spec.nproc_per_node,
-                tensor_parallel=dist.tp,
-                pipeline_parallel=dist.pp,
-                **shape,
-            )
+        return PlanQuestion.from_config(cfg, world_size(job.spec), ranks_per_node=job.spec.nproc_per_node,
+                                        device_memory_bytes=memory if job.spec.resources.gpus() else None)
+
+
+def _plans(job: Job, memory: int) -> tuple[MemoryPlan | None, list, MemoryPlan]:
+    """(the configured plan or None under auto, the auto ladder, the plan the job will run)."""
+    question = _question(job, memory)
+    gpus = question.device_memory_bytes is not None
+    with _manifest_spelling():
+        asked = None
+        if question.strategy != "auto":
+            one_rank = question.world_size == 1 and question.strategy == "ddp"
+            asked = plan_for(question, question.choice("single" if one_rank else None))
         # auto picks tensor, then pipeline parallelism where the job leaves them unset, on GPUs (the trainer, seeing
-        # their memory)
-        ladder = plan_ladder(planned_model(cfg.model), activation_checkpointing=dist.activation_checkpointing,
-                             cpu_offload=dist.cpu_offload, tensor_parallel=dist.tensor_parallel,
-                             pipeline_parallel=dist.pipeline_parallel,
-                             ranks_per_node=job.spec.nproc_per_node if job.spec.resources.gpus() else None, **shape)
+        # their memory); on CPUs it runs what it runs without planning (PlanQuestion.unplanned_choice)
+        ladder = plan_ladder(question if gpus else replace(question, ranks_per_node=None))
+        unplanned = None if asked is not None or gpus else plan_for(question, question.unplanned_choice())
     if asked is not None:
         return asked, ladder, asked
-    if job.spec.resources.gpus():
-        return None, ladder, first_fit(ladder, memory, planned_model(cfg.model), MANIFEST_NAMES)[1]
-    if dist.tp > 1 or dist.pp > 1:  # auto on CPUs with tensor or pipeline parallelism: fsdp as the trainer resolves it
-        with _manifest_spelling():
-            runs = plan_memory(planned_model(cfg.model), "fsdp", fsdp_sharding=dist.fsdp_sharding,
-                               activation_checkpointing=dist.activation_checkpointing, cpu_offload=dist.cpu_offload,
-                               node_size=job.spec.nproc_per_node, tensor_parallel=dist.tp, pipeline_parallel=dist.pp,
-                               **shape)
-        return None, ladder, runs
-    return None, ladder, ladder[0][1]  # auto on CPUs: ddp (single on one rank), as the trainer resolves it
+    if unplanned is not None:
+        return None, ladder, unplanned
+    return None, ladder, first_fit(ladder, memory, question.model, MANIFEST_NAMES)[1]
 
 
 def host_plan(job: Job, *, device_memory_gib: float | None = None) -> HostPlan:
     """Host memory per rank of the strategy the job will run, and the pod memory request it needs."""
-    cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing
-    _, _, runs = _plans(job, _device_memory(device_memory_gib))
-    return plan_host_memory(
-        planned_model(cfg.model),
-        runs,
-        accelerator=job.spec.resources.gpus() > 0,
-        ranks_per_pod=job.spec.nproc_per_node,
-        async_checkpoint=cfg.checkpoint.async_save,
-        checkpointing=cfg.checkpoint.enabled,
-        data_workers=cfg.data.num_workers,
-    )
+    memory = _device_memory(device_memory_gib)
+    _, _, runs = _plans(job, memory)
+    return plan_host_memory(_question(job, memory), runs, accelerator=job.spec.resources.gpus() > 0,
+                            ranks_per_pod=job.spec.nproc_per_node)
 
 
 def _request_verdict(job: Job, plan: HostPlan) -> str:

@@ -1,7 +1,7 @@
 """Will the checkpoints fit? (pure but for reading a token dataset's vocabulary; torch-free)
 
 A checkpoint's size comes from the memory planner's byte counts
-(`brain_trainer.parallel.memory.preset_checkpoint_bytes`: fp32 parameters, AdamW's two
+(`brain_trainer.plan.checkpoint_size.preset_checkpoint_bytes`: fp32 parameters, AdamW's two
 moments, the extra state). The checkpoint volume must hold `keepLast`
 committed checkpoints and the one being written: `(keepLast + 1) x` that
 size. `braintrain validate`, `braintrain estimate` and the operator refuse a
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from brain_trainer.parallel.memory import planned_model, preset_checkpoint_bytes
+from brain_trainer.plan import planned_model, preset_checkpoint_bytes
 from brain_trainer.schema import ConfigError, FieldError
 
 from .events import WARNING, Event

@@ -13,7 +13,7 @@ from brain_operator.reconcile import reconcile
 from brain_operator.spec import parse_job
 from brain_operator.storage import StorageTooSmall, check_storage, local_shortfall, room_needed
 from brain_trainer.config.presets import preset_config, wrap_unit_params
-from brain_trainer.parallel.memory import STAGED_BYTES_PER_PARAM, preset_checkpoint_bytes
+from brain_trainer.plan.checkpoint_size import STAGED_BYTES_PER_PARAM, preset_checkpoint_bytes
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.yaml"))
 LOCAL_MINIMAL = EXAMPLES[0].with_name("local-minimal.yaml")

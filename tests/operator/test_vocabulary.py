@@ -19,7 +19,7 @@ from brain_operator.storage import size_text
 from brain_trainer.config.presets import preset_config
 from brain_trainer.data.tokens.options import PrepareOptions
 from brain_trainer.data.tokens.prepare import prepare
-from brain_trainer.parallel.memory import preset_checkpoint_bytes
+from brain_trainer.plan import preset_checkpoint_bytes
 from test_storage import NOW
 
 LOCAL_TOKENS = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-tokens.yaml"

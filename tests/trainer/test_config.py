@@ -164,7 +164,7 @@ def test_a_field_given_in_both_spellings_or_misspelt_is_named():
 
 
 def test_config_modules_do_not_import_torch():
-    torch_free = ("config", "contract", "config.kubeyaml", "config.presets", "parallel.memory", "parallel.launcher",
+    torch_free = ("config", "contract", "config.kubeyaml", "config.presets", "plan", "parallel.launcher",
                   "observe.metrics", "observe.progress", "loop.schedule", "checkpoint", "checkpoint.store",
                   "checkpoint.resume_from")
     imports = ", ".join(f"brain_trainer.{name}" for name in torch_free)

@@ -1,4 +1,4 @@
-"""parallel/layout.py and the tensorParallel setting: the layouts a job may ask for, refused with the field named,
+"""plan/layout.py and the tensorParallel setting: the layouts a job may ask for, refused with the field named,
 the same from the operator's validation as from the trainer."""
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def test_elastic_range_keeps_the_pipeline_at_every_size():
 
 
 def test_bubble_shrinks_with_micro_batches_and_virtual_stages():
-    from brain_trainer.parallel.layout import bubble_fraction
+    from brain_trainer.plan.layout import bubble_fraction
     one = DistributedConfig(pipeline_parallel=4)
     assert bubble_fraction(one, 4) == pytest.approx(3 / 7)
     assert bubble_fraction(one, 16) == pytest.approx(3 / 19)

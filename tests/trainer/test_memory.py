@@ -10,25 +10,23 @@ import pytest
 from processes import run
 
 from brain_trainer import ConfigError, TrainerConfig
-from brain_trainer.parallel.comms import REDUCE_BYTES, ring
-from brain_trainer.parallel.layout import bubble_fraction, micro_batch_problems, world_problems
-from brain_trainer.parallel.memory import (
+from brain_trainer.plan.comms import REDUCE_BYTES, ring
+from brain_trainer.plan.layout import bubble_fraction, micro_batch_problems, world_problems
+from brain_trainer.plan import (
     GIB,
-    plan_host_memory,
     InsufficientMemoryError,
+    PlanQuestion,
     StrategyChoice,
-    activation_bytes,
-    activation_units,
     choose_strategy,
+    plan_host_memory,
     plan_ladder,
     plan_memory,
     planned_model,
     resolve_distributed,
-    pipeline_parallel_options,
-    strategy_ladder,
-    tensor_parallel_options,
 )
-from brain_trainer.parallel.pipeline_plan import in_flight, rank_units
+from brain_trainer.plan.activations import activation_bytes, activation_units
+from brain_trainer.plan.ladder import pipeline_parallel_options, strategy_ladder, tensor_parallel_options
+from brain_trainer.plan.pipeline import in_flight, rank_units
 from brain_trainer.config.presets import MODEL_PRESETS, param_count, split_block_params, wrap_unit_params
 
 GB = 10**9
@@ -40,8 +38,8 @@ U = max(wrap_unit_params(MINIMAL))
 def test_planner_presets_and_config_do_not_import_torch():
     code = (
         "import sys\n"
-        "import brain_trainer, brain_trainer.config, brain_trainer.config.presets, brain_trainer.parallel.memory\n"
-        "brain_trainer.parallel.memory.choose_strategy('7b', world_size=8, device_memory_bytes=80 * 10**9)\n"
+        "import brain_trainer, brain_trainer.config, brain_trainer.config.presets, brain_trainer.plan as plan\n"
+        "plan.choose_strategy(plan.PlanQuestion('7b', world_size=8, device_memory_bytes=80 * 10**9))\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
     )
     done = run([sys.executable, "-c", code], timeout=120)
@@ -135,7 +133,7 @@ def test_seven_b_on_8_ranks_of_40_gb_fits_full_shard_not_ddp():
     settings = dict(world_size=8, precision="bf16", micro_batch_size=1, seq_len=2048)
     assert not plan_memory("7b", "ddp", **settings).fits(40 * GB)
     assert plan_memory("7b", "fsdp", fsdp_sharding="full_shard", **settings).fits(40 * GB)
-    choice, plan = choose_strategy("7b", device_memory_bytes=40 * GB, **settings)
+    choice, plan = choose_strategy(PlanQuestion("7b", device_memory_bytes=40 * GB, **settings))
     assert choice == StrategyChoice("fsdp", "full_shard") and plan.fits(40 * GB)
 
 
@@ -143,11 +141,11 @@ def test_seven_b_on_8_ranks_of_80_gb_picks_full_shard():
     settings = dict(world_size=8, precision="fp32", micro_batch_size=1, seq_len=4096)
     assert not plan_memory("7b", "ddp", **settings).fits(80 * GB)
     assert not plan_memory("7b", "fsdp", fsdp_sharding="shard_grad_op", **settings).fits(80 * GB)
-    choice, _ = choose_strategy("7b", device_memory_bytes=80 * GB, **settings)
+    choice, _ = choose_strategy(PlanQuestion("7b", device_memory_bytes=80 * GB, **settings))
     assert choice == StrategyChoice("fsdp", "full_shard")
     # long sequences in bf16: only checkpointing brings the activations down
     long_bf16 = dict(world_size=8, precision="bf16", micro_batch_size=4, seq_len=4096)
-    choice, _ = choose_strategy("7b", device_memory_bytes=80 * GB, **long_bf16)
+    choice, _ = choose_strategy(PlanQuestion("7b", device_memory_bytes=80 * GB, **long_bf16))
     assert choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing="full")
 
 
@@ -167,16 +165,16 @@ def test_choice_walks_down_the_ladder_as_memory_shrinks():
     ]
     assert totals == sorted(totals, reverse=True)  # every step down the ladder saves memory here
     for option, total in zip(ladder, totals):
-        choice, plan = choose_strategy("7b", device_memory_bytes=total, **settings)
+        choice, plan = choose_strategy(PlanQuestion("7b", device_memory_bytes=total, **settings))
         assert choice == option and plan.total == total
-    assert choose_strategy("minimal", device_memory_bytes=GIB * 2, world_size=1)[0] == StrategyChoice("single")
+    assert choose_strategy(PlanQuestion("minimal", device_memory_bytes=GIB * 2, world_size=1))[0] == StrategyChoice("single")
 
 
 def test_nothing_fits_says_how_much_is_missing():
     with pytest.raises(InsufficientMemoryError) as err:
-        choose_strategy(
-            "7b", device_memory_bytes=16 * GIB, world_size=2, precision="bf16", micro_batch_size=8, seq_len=4096
-        )
+        choose_strategy(PlanQuestion(
+            "7b", device_memory_bytes=16 * GIB, world_size=2, precision="bf16", micro_batch_size=8, seq_len=4096,
+        ))
     smallest = err.value.plan
     assert smallest.choice == StrategyChoice("fsdp", "full_shard", activation_checkpointing="full", cpu_offload=True)
     assert err.value.missing_bytes == smallest.total - 16 * GIB > 0
@@ -246,14 +244,14 @@ def test_the_planner_sizes_a_resized_vocabulary():
 def test_host_memory_counts_the_staging_copy_of_what_each_rank_holds():
     params = param_count("7b")
     sharded = plan_memory("7b", "fsdp", world_size=8, precision="bf16")
-    host = plan_host_memory("7b", sharded, accelerator=True, ranks_per_pod=8)
+    host = plan_host_memory(PlanQuestion("7b"), sharded, accelerator=True, ranks_per_pod=8)
     assert host.checkpoint_staging == -(-params // 8) * 12  # fp32 parameters and two AdamW moments
     assert host.training_states == 0 and host.init < 1 * GB  # meta init: one tensor at a time on the host
-    replicated = plan_host_memory("7b", plan_memory("7b", "ddp", world_size=8, precision="bf16"), accelerator=True)
+    replicated = plan_host_memory(PlanQuestion("7b"), plan_memory("7b", "ddp", world_size=8, precision="bf16"), accelerator=True)
     assert replicated.checkpoint_staging == params * 12
-    synchronous = plan_host_memory("7b", sharded, accelerator=True, async_checkpoint=False, data_workers=2)
+    synchronous = plan_host_memory(PlanQuestion("7b", async_checkpoint=False, data_workers=2), sharded, accelerator=True)
     assert synchronous.checkpoint_staging == 0 and synchronous.data_workers > 0
-    on_cpu = plan_host_memory("minimal", plan_memory("minimal", "ddp", world_size=2), accelerator=False)
+    on_cpu = plan_host_memory(PlanQuestion("minimal"), plan_memory("minimal", "ddp", world_size=2), accelerator=False)
     assert on_cpu.training_states > 0 and on_cpu.process < host.process
     assert host.pod_request >= host.total * 8 and host.pod_request % GIB == 0
 
@@ -328,7 +326,7 @@ def test_auto_picks_the_smallest_tensor_parallel_that_fits_when_the_job_leaves_i
     cfg = TrainerConfig.from_dict(job)
     assert cfg.distributed.tensor_parallel is None and cfg.distributed.tp == 1
     memory = 36 * GIB
-    tp1 = plan_ladder("13b", world_size=64, precision="bf16", seq_len=1024, micro_batches=4)
+    tp1 = plan_ladder(PlanQuestion("13b", world_size=64, precision="bf16", seq_len=1024, micro_batches=4))
     assert not any(plan.fits(memory) for option, plan in tp1 if not option.cpu_offload)
     picked = resolve_distributed(cfg, 64, memory, ranks_per_node=8)
     assert (picked.strategy, picked.fsdp_sharding, picked.activation_checkpointing, picked.cpu_offload) == (
@@ -386,8 +384,8 @@ def test_70b_on_8_nodes_of_80_gib_keeps_tensor_parallel_8_without_a_pipeline():
     held = wrap_unit_params(MODEL_PRESETS["70b"], 8)
     assert plan.gradients == 2 * sum(held) // 8 + REDUCE_BYTES * sum(held) + 2 * max(held)
     assert 56 * GIB < plan.total < 58 * GIB
-    ladder = plan_ladder("70b", world_size=64, precision="bf16", seq_len=4096, tensor_parallel=None,
-                         pipeline_parallel=None, ranks_per_node=8, micro_batches=8)
+    ladder = plan_ladder(PlanQuestion("70b", world_size=64, precision="bf16", seq_len=4096, tensor_parallel=None,
+                                      pipeline_parallel=None, ranks_per_node=8, micro_batches=8))
     too_big = [option.tensor_parallel for option, tried in ladder if not tried.fits(80 * GIB)]
     assert too_big[:10] == [1, 1, 1, 1, 2, 2, 2, 4, 4, 4]
 
@@ -406,8 +404,9 @@ def test_auto_adds_a_pipeline_when_a_node_of_tensor_parallel_is_not_enough():
     assert replace(cfg, distributed=picked).effective_batch_size(64) == cfg.effective_batch_size(64) == 2 * 64
     assert not list(micro_batch_problems(picked, picked.gradient_accumulation_steps, "m", str))
     assert not list(world_problems(picked, 64, 8, str))
-    ladder = plan_ladder("70b", world_size=64, precision="bf16", seq_len=4096, activation_checkpointing="none",
-                         tensor_parallel=None, pipeline_parallel=None, ranks_per_node=8, micro_batches=2)
+    ladder = plan_ladder(PlanQuestion("70b", world_size=64, precision="bf16", seq_len=4096,
+                                      activation_checkpointing="none", tensor_parallel=None, pipeline_parallel=None,
+                                      ranks_per_node=8, micro_batches=2))
     sizes = {(o.tensor_parallel, o.pipeline_parallel): round(p.total / GIB, 1) for o, p in ladder
              if o.activation_checkpointing == "full" and not o.cpu_offload}
     assert sizes[(8, 1)] == 56.9 and sizes[(8, 2)] == 49.2 and sizes[(8, 4)] == 40.2

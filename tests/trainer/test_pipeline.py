@@ -21,7 +21,7 @@ from brain_trainer.loop.evaluation import Evaluator
 from brain_trainer.loop.train import build_and_wrap, check_micro_batches, loss_fn
 from brain_trainer.model.materialize import Initializer, build
 from brain_trainer.parallel.ddp import all_reduce_weighted_mean
-from brain_trainer.parallel.layout import build_layout
+from brain_trainer.plan.layout import build_layout
 from brain_trainer.parallel.pipeline import PipelineSteps, PipelineWrapper, prune
 from brain_trainer.schema import ConfigError
 from harness import run_ranks

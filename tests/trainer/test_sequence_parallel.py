@@ -1,6 +1,6 @@
 """Sequence parallelism (parallel/tensor.py) on real gloo ranks: the residual stream between split blocks is sharded
 along the sequence, runs of split blocks are found in a user's model too, and the bytes autograd saves inside the
-split blocks at tp1 and tp2 are what the planner (parallel/memory.py) counts."""
+split blocks at tp1 and tp2 are what the planner (plan/activations.py) counts."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from brain_trainer.config.presets import MODEL_PRESETS, preset_config
 from brain_trainer.model.brain_ai import (
     BlockStack, DecisionBlock, Encoders, Heads, SlotAttentionBlock, TransformerBlock, reset_block, residual_out_std,
 )
-from brain_trainer.parallel.memory import block_units
+from brain_trainer.plan.activations import block_units
 from brain_trainer.parallel.tensor import apply_tensor_parallel, split_runs
 from harness import run_ranks
 from parity import global_batches, lm_loss, minimal_model

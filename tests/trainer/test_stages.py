@@ -1,4 +1,4 @@
-"""parallel/stages.py: where BrainAI is cut into pipeline stages, checked against the model and the FLOP formula."""
+"""plan/stages.py: where BrainAI is cut into pipeline stages, checked against the model and the FLOP formula."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from brain_trainer.config.model_flops import training_flops_per_token
 from brain_trainer.config.presets import MODEL_PRESETS, param_count, pipeline_unit_count, preset_config
 from brain_trainer.model.brain_ai import BrainAI
-from brain_trainer.parallel.stages import balance, pipeline_units, stage_plan
+from brain_trainer.plan.stages import balance, pipeline_units, stage_plan
 
 
 @pytest.mark.parametrize("preset", ["minimal", "1b", "70b"])

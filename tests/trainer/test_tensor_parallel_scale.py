@@ -32,10 +32,10 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from brain_trainer import BrainAI, FSDPWrapper, TrainerConfig
 from brain_trainer.config.presets import MODEL_PRESETS, param_count, wrap_unit_params
 from brain_trainer.loop.train import loss_fn
-from brain_trainer.parallel.layout import Layout
-from brain_trainer.parallel.memory import GIB, plan_memory, resolve_distributed
+from brain_trainer.plan.layout import Layout
+from brain_trainer.plan import GIB, plan_memory, resolve_distributed
 from brain_trainer.parallel.pipeline import PipelineSteps, PipelineWrapper
-from brain_trainer.parallel.stages import stage_plan
+from brain_trainer.plan.stages import stage_plan
 
 GPUS_PER_NODE = 8
 DEVICE_MEMORY = 80 * GIB

@@ -8,7 +8,7 @@ operator.
 from .config import DistributedConfig, TrainerConfig, load_config
 from .config.presets import MODEL_PRESETS, BrainAIConfig, param_count
 from .lazy import lazy_exports
-from .parallel.memory import choose_strategy, plan_memory, resolve_distributed
+from .plan import choose_strategy, plan_memory, resolve_distributed
 from .schema import ConfigError
 from .version import __version__
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 from brain_trainer.config import TrainerConfig
 from brain_trainer.contract import METRICS_PORT
-from brain_trainer.parallel.memory import resolve_distributed
+from brain_trainer.plan import resolve_distributed
 from brain_trainer.schema import to_dict
 
 from .model import Job, JobSpec

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
-from brain_trainer.parallel.layout import micro_batch_problems, micro_batches_field, spread_problems, world_problems
+from brain_trainer.plan.layout import micro_batch_problems, micro_batches_field, spread_problems, world_problems
 from brain_trainer.schema import Names, quoted, setting
 
 from ..schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP

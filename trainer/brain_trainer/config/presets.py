@@ -140,7 +140,7 @@ def wrap_unit_params(cfg: BrainAIConfig, tensor_parallel: int = 1) -> list[int]:
 
 
 def pipeline_unit_count(cfg: BrainAIConfig) -> int:
-    """Units a pipeline can cut BrainAI between (parallel/stages.py): every block of a stack, encoders, meta, heads."""
+    """Units a pipeline can cut BrainAI between (plan/stages.py): every block of a stack, encoders, meta, heads."""
     return len(module_param_counts(cfg)) - len(STACKS) + sum(getattr(cfg, attr) for attr in STACKS.values())
 
 

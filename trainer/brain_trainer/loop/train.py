@@ -49,10 +49,10 @@ from ..parallel.ddp import (DDPWrapper, ProcessGroupUser, SingleDeviceWrapper, a
                             ensure_process_group, use_local_device)
 from ..parallel.fsdp import FSDPWrapper
 from ..parallel.launcher import DistributedLauncher, env_int
-from ..parallel.layout import Layout, bubble_fraction, build_layout, micro_batch_problems, micro_batches_field
+from ..plan.layout import Layout, bubble_fraction, build_layout, micro_batch_problems, micro_batches_field
 from ..parallel.pipeline import PipelineSteps, PipelineWrapper
 from ..parallel.blocks import COMPILE_BACKEND, Backend
-from ..parallel.memory import checkpoint_bytes, rank_estimate, resolve_distributed
+from ..plan import checkpoint_bytes, rank_estimate, resolve_distributed
 from ..resilience.failures import Fatal, say
 from ..resilience.preemption import Preemption
 from ..resilience.preflight import run_preflight

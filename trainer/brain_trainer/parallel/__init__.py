@@ -1,12 +1,12 @@
 """How the model is spread over ranks: the launcher (torchrun, SLURM, a manual launch), the DDP, FSDP2 and pipeline wrappers,
-per-block checkpointing and compile, and the memory planner that picks between them (torch-free).
+per-block checkpointing and compile. The planner that picks between them, and the layout they share, are plan/'s
+(torch-free); its names stay importable from here.
 
 Importing this package is torch-free; each torch name loads its module on first use.
 """
 
 from ..lazy import lazy_exports
-from .layout import Layout, build_layout
-from .memory import choose_strategy, plan_memory, resolve_distributed
+from ..plan import Layout, build_layout, choose_strategy, plan_memory, resolve_distributed
 
 _LAZY = {
     "DistributedLauncher": "launcher",

@@ -39,7 +39,7 @@ from ..config import DistributedConfig
 from .blocks import Backend
 from .ddp import Materialize, ProcessGroupUser, use_local_device
 from .launcher import env_int
-from .layout import build_layout
+from ..plan.layout import build_layout
 from .tensor import apply_tensor_parallel
 
 TP_DIM = "tp"

@@ -1,6 +1,6 @@
 """Pipeline parallelism for BrainAI (`torch.distributed.pipelining`), composed with tensor parallelism and FSDP2.
 
-Each pipeline rank keeps only the units of its own stages (stages.py cuts the
+Each pipeline rank keeps only the units of its own stages (plan/stages.py cuts the
 chain; stage s runs on pipeline rank s mod pp). The whole BrainAI is built on
 the meta device as for every other layout, then every unit of another rank's
 stages is replaced by a parameterless `nn.Identity`: the kept blocks keep their
@@ -46,8 +46,8 @@ from .blocks import Backend, apply_block_options
 from .ddp import Materialize, ProcessGroupUser, use_local_device
 from .fsdp import TP_DIM, shard_options, sharding_policy
 from .launcher import env_int
-from .layout import Layout, build_layout
-from .stages import Stage, stage_plan
+from ..plan.layout import Layout, build_layout
+from ..plan.stages import Stage, stage_plan
 from .tensor import apply_tensor_parallel
 
 PP_DIM = "pp"

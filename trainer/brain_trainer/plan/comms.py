@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-REDUCE_BYTES = 4  # gradients are reduced and accumulated in fp32 (fsdp.py's reduce_dtype)
+REDUCE_BYTES = 4  # gradients are reduced and accumulated in fp32 (parallel/fsdp.py's reduce_dtype)
 GATHERS_PER_MICRO_BATCH = {"full_shard": 2, "hybrid_shard": 2, "shard_grad_op": 1}
 # all-reduces per split block and micro-batch, forward and backward (parallel/tensor.py's plans)
 TP_ALL_REDUCES = {"reasoning": 4, "decision": 2}

@@ -5,8 +5,8 @@ Torch-free, so the operator's validation, `braintrain validate` and the
 trainer at start-up refuse the same layouts with the same lines. One value,
 built once per run and checked against the world:
 
-    world = pp x dp x tp   pp ranks each run a contiguous run of the model's blocks (stages.py, pipeline.py);
-                           tp ranks split each reasoning/decision block's matmuls (tensor.py);
+    world = pp x dp x tp   pp ranks each run a contiguous run of the model's blocks (stages.py, parallel/pipeline.py);
+                           tp ranks split each reasoning/decision block's matmuls (parallel/tensor.py);
                            dp = what is left, sharded or replicated as strategy/fsdpSharding say
 
 Ranks are numbered pp-outermost and tp-innermost (a DeviceMesh is row-major,
