@@ -17,6 +17,8 @@ TRAINER = ROOT / "trainer" / "brain_trainer"
 # face sit on top; `files`, `version` and `lazy` are leaves.
 LAYERS = (
     ("__init__", "__main__", "agent", "export", "tokens"),
+    ("hf",),
+    ("inference",),
     ("loop",),
     ("data", "model"),
     ("parallel",),

@@ -26,7 +26,7 @@ from torch.distributed.fsdp import fully_shard
 from brain_trainer.checkpoint import CheckpointManager, TrainState, latest_checkpoint, load_model, save_model
 from brain_trainer.checkpoint import store
 from brain_trainer.config import CheckpointConfig
-from brain_trainer.model.export import main as export_main
+from brain_trainer.hf.export import main as export_main
 
 STEPS, INTERVAL, KEEP = 6, 2, 2
 
