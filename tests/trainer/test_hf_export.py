@@ -229,8 +229,8 @@ def test_braintrain_eval_is_the_trainers_evaluation_at_any_layout(trained, data)
     assert done.returncode == 0, done.stderr
     loss = float(done.stdout.split("eval loss ")[1].split()[0])
     assert loss == pytest.approx(trained[1], rel=1e-6)
-    fsdp = run_ranks(_evaluate, 2, str(trained[0]), str(data), EvalLayout("fsdp"))
-    assert fsdp[0].loss == pytest.approx(trained[1], rel=1e-6) and fsdp[0].tokens == fsdp[1].tokens
+    piped = run_ranks(_evaluate, 2, str(trained[0]), str(data), EvalLayout("fsdp", pipeline_parallel=2))
+    assert piped[0].loss == pytest.approx(trained[1], rel=1e-6) and piped[0].tokens == piped[1].tokens
 
 
 HARNESS_TASK = """task: brain_train_local

@@ -37,8 +37,9 @@ from ..schema import ConfigError
 from .eval_args import add_arguments
 from .loading import LoadError, origin
 
-# Settings of the job that do not apply to an evaluation: it trains nothing, saves nothing, serves no metrics.
-NOT_EVALUATION = ("checkpoint.", "metrics.", "watchdog.", "distributed.")
+# Settings of the job that do not apply to an evaluation: it trains nothing, saves nothing, serves no metrics, runs at
+# a layout of its own (and its micro-batch need not divide the job's global batch).
+NOT_EVALUATION = ("checkpoint.", "metrics.", "watchdog.", "distributed.", "training.global_batch_size")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from tokenizers import Tokenizer
 from torch import nn
 
 from ..checkpoint import store
@@ -96,9 +97,11 @@ def _folder_tokenizer(folder: Path) -> ExportTokenizer:
     config_path = folder / TOKENIZER_CONFIG
     eot = json.loads(config_path.read_text()).get("eos_token") if config_path.is_file() else None
     text = (folder / TOKENIZER_FILE).read_text(encoding="utf-8")
-    eot_id = json.loads(text)["model"]["vocab"].get(eot) if eot else None
-    added = {t["content"]: t["id"] for t in json.loads(text).get("added_tokens", [])}
-    return ExportTokenizer(text, eot, added.get(eot, eot_id), str(folder / TOKENIZER_FILE))
+    try:
+        eot_id = Tokenizer.from_str(text).token_to_id(eot) if eot else None
+    except Exception as exc:  # the library raises plain Exception for every parse problem
+        raise LoadError(f"{folder / TOKENIZER_FILE}: not a Hugging Face tokenizers file: {exc}") from None
+    return ExportTokenizer(text, eot, eot_id, str(folder / TOKENIZER_FILE))
 
 
 def find_tokenizer(found: Origin, named: Optional[Path] = None) -> ExportTokenizer:
