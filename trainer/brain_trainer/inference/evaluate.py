@@ -26,7 +26,7 @@ from ..checkpoint.compat import MODEL
 from ..config import TrainerConfig
 from ..data.errors import DataError
 from ..data.tokens.dataset import TokenDataset
-from ..data.tokens.source import follow_vocabulary, open_split
+from ..data.tokens.source import follow_vocabulary
 from ..loop.evaluation import EvalResult, Evaluator
 from ..loop.train import autocast_context, build_and_wrap, resolve_strategy
 from ..parallel.ddp import ensure_process_group, use_local_device
@@ -108,7 +108,7 @@ def _evaluate_rank(job: tuple[TrainerConfig, TokenDataset]) -> EvalResult:
 def evaluate(cfg: TrainerConfig) -> EvalResult:
     """The evaluation on every rank of this launch (one process when nothing launched it)."""
     cfg = cfg.resolved()
-    dataset = open_split(cfg.data.path, cfg.training.seq_len, "validation")
+    dataset = TokenDataset(cfg.data.path, cfg.training.seq_len, "validation")
     cfg = follow_vocabulary(cfg, dataset.vocab_size)
     return DistributedLauncher(cfg.distributed).launch(_evaluate_rank, (cfg, dataset))
 
