@@ -112,6 +112,12 @@ def test_logits_of_transformers_equal_the_trainers(trained, exported, data):
         ours = trainers_model(trained[0])(tokens)
     torch.testing.assert_close(theirs.logits, ours, rtol=0, atol=1e-6)
     torch.testing.assert_close(theirs.loss, loss_fn(ours[:, :-1], tokens[:, 1:]), rtol=1e-6, atol=0)
+    right_padded = torch.ones_like(tokens)
+    right_padded[:, -3:] = 0
+    with torch.no_grad():
+        model(tokens, attention_mask=right_padded)
+        with pytest.raises(ValueError, match="pad on the right"):
+            model(tokens, attention_mask=right_padded.flip(1))
 
 
 def test_the_export_says_what_it_is_and_where_it_came_from(trained, exported):
