@@ -9,15 +9,20 @@ own evaluation at two layouts.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-# Read once, when transformers is imported: no network, and its module cache in a folder of the tests'.
+# Read once, when transformers is imported: no network, and (unless the caller chose one) its module cache in a
+# folder of the tests', removed when they end.
 os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="brain-train-hf-"))
+if "HF_HOME" not in os.environ:
+    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="brain-train-hf-")
+    atexit.register(shutil.rmtree, os.environ["HF_HOME"], True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
