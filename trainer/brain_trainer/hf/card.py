@@ -14,13 +14,14 @@ def _figure(value: Any, spec: str = ",") -> str:
 def _training_lines(source: dict[str, Any]) -> list[str]:
     settings = source.get("settings") or {}
     eval_loss = source.get("eval_loss")
+    measured = "not measured (braintrain export --eval-data DIR)" if eval_loss is None else f"{eval_loss:.4f}"
     wanted = ("training.steps", "training.seq_len", "training.micro_batch_size", "training.learning_rate",
               "training.precision", "distributed.strategy", "data.source", "data.path")
     return [
         f"- job: {source.get('job') or 'unknown'}; checkpoint `{source.get('checkpoint')}` "
         f"(step {_figure(source.get('step'))}, {source.get('world_size')} rank(s))",
         f"- tokens seen: {_figure(source.get('tokens_seen'))}",
-        f"- held-out loss: {'not measured at export' if eval_loss is None else f'{eval_loss:.4f}'}",
+        f"- held-out loss: {measured}",
         *(f"- `{name}`: {settings[name]}" for name in wanted if name in settings),
     ]
 
@@ -55,7 +56,7 @@ def model_card(config: dict[str, Any], tokenizer: ExportTokenizer) -> str:
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",
         'model = AutoModelForCausalLM.from_pretrained("PATH", trust_remote_code=True)',
-        'tokenizer = AutoTokenizer.from_pretrained("PATH")',
+        'tokenizer = AutoTokenizer.from_pretrained("PATH", trust_remote_code=False)  # the stock fast tokenizer',
         'ids = tokenizer("def main(", return_tensors="pt").input_ids',
         "print(tokenizer.decode(model.generate(ids, max_new_tokens=40)[0]))",
         "```",
