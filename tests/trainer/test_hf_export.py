@@ -90,8 +90,8 @@ def trained(data, tmp_path_factory) -> tuple[Path, float]:
 def exported(trained, data, tmp_path_factory) -> Path:
     """`braintrain export` of it, measuring the held-out loss for config.json."""
     out = tmp_path_factory.mktemp("hf") / "export"
-    done = run([sys.executable, "-m", "brain_trainer.export", str(trained[0].parent), str(out), "--eval-data", str(data)],
-               timeout=CLI_TIMEOUT)
+    done = run([sys.executable, "-m", "brain_trainer.export", str(trained[0].parent), str(out),
+                "--eval-data", str(data)], timeout=CLI_TIMEOUT)
     assert done.returncode == 0, done.stderr
     return out
 

@@ -106,7 +106,8 @@ class Finisher:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        eval_loss = evaluate_checkpoint(weights.resolve(args.checkpoint), args.eval_data).loss if args.eval_data else None
+        checkpoint = weights.resolve(args.checkpoint)
+        eval_loss = evaluate_checkpoint(checkpoint, args.eval_data).loss if args.eval_data else None
         finisher = Finisher(args.tokenizer, eval_loss)
         folder, files = weights.export(args.checkpoint, args.out, args.dtype, args.max_shard_size, args.force,
                                        finish=finisher)

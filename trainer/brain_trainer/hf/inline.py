@@ -188,7 +188,8 @@ class Inliner:
         imports = sorted(set(self.external.values()), key=lambda line: (line.startswith("from ."),
                                                                         line.startswith("from"), line))
         body = "\n\n\n".join(self.modules[module].definitions[name].source for module, name in self.order)
-        return f'"""{docstring}"""\n\nfrom __future__ import annotations\n\n' + "\n".join(imports) + "\n\n\n" + body + "\n"
+        head = f'"""{docstring}"""\n\nfrom __future__ import annotations\n\n'
+        return head + "\n".join(imports) + "\n\n\n" + body + "\n"
 
 
 def inline(module: str, docstring: str, omit: frozenset[str] = frozenset()) -> str:

@@ -56,7 +56,8 @@ def origin(path: str | Path) -> Origin:
         return Origin(path, json.loads(config.read_text()), None)
     folder = path if (path / store.MANIFEST).is_file() else store.latest_checkpoint(path)
     if folder is None:
-        raise LoadError(f"{path}: neither an export (no {EXPORT_CONFIG}) nor a committed checkpoint or a folder of them")
+        raise LoadError(f"{path}: neither an export (no {EXPORT_CONFIG}) nor a committed checkpoint or a folder "
+                        "of them")
     try:
         return Origin(folder, None, store.read_manifest(folder))
     except store.ManifestError as exc:
