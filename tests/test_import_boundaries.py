@@ -18,6 +18,8 @@ TRAINER = ROOT / "trainer" / "brain_trainer"
 # `files`, `version` and `lazy` are leaves.
 LAYERS = (
     ("__init__", "__main__", "agent", "export", "tokens"),
+    ("hf",),
+    ("inference",),
     ("loop",),
     ("data", "model"),
     ("parallel",),

@@ -19,6 +19,8 @@ from typing import Any, Callable, Optional, Sequence
 from brain_trainer.config import kubeyaml
 from brain_trainer.config import read_yaml
 from brain_trainer.data.tokens.options import add_arguments as add_prepare_arguments
+from brain_trainer.inference.eval_args import add_arguments as add_eval_arguments
+from brain_trainer.inference.generate_args import add_arguments as add_generate_arguments
 from brain_trainer.model.export_args import add_arguments as add_export_arguments
 from brain_trainer.schema import ConfigError, FieldError
 
@@ -116,9 +118,25 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     try:  # torch: the trainer's extra, absent from the operator image
-        from brain_trainer.model.export import run
+        from brain_trainer.hf.export import run
     except ImportError as exc:
         raise CliError(f"export needs the trainer extra (pip install 'brain-train[trainer]'): {exc}") from None
+    return run(args)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    try:  # torch: the trainer's extra, absent from the operator image
+        from brain_trainer.inference.generate import run
+    except ImportError as exc:
+        raise CliError(f"generate needs the trainer extra (pip install 'brain-train[trainer]'): {exc}") from None
+    return run(args)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    try:  # torch: the trainer's extra, absent from the operator image
+        from brain_trainer.inference.evaluate import run
+    except ImportError as exc:
+        raise CliError(f"eval needs the trainer extra (pip install 'brain-train[trainer]'): {exc}") from None
     return run(args)
 
 
@@ -217,8 +235,14 @@ def _parser() -> argparse.ArgumentParser:
     p = command("prepare", cmd_prepare, "turn a corpus into a token dataset folder for data.source tokens")
     add_prepare_arguments(p)
 
-    p = command("export", cmd_export, "write a checkpoint's model as safetensors (Hugging Face layout)")
+    p = command("export", cmd_export, "write a checkpoint's model as Hugging Face transformers loads it (safetensors, config, code, tokenizer)")
     add_export_arguments(p)
+
+    p = command("generate", cmd_generate, "continue text with a trained model (a checkpoint or an export), streamed")
+    add_generate_arguments(p)
+
+    p = command("eval", cmd_eval, "loss and perplexity of a checkpoint on a prepared dataset's validation split")
+    add_eval_arguments(p)
 
     p = command("operator", cmd_operator, "run the BrainTrainingJob operator (kopf) against the current cluster")
     p.add_argument("--namespace", action="append", metavar="NS", help="watch this namespace (repeatable)")

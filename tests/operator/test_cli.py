@@ -316,7 +316,7 @@ def test_operator_needs_a_namespace_choice(capsys):
 
 
 def test_help_everywhere_and_version(capsys):
-    for argv in ([], ["run"], ["render"], ["validate"], ["estimate"], ["export"], ["operator"]):
+    for argv in ([], ["run"], ["render"], ["validate"], ["estimate"], ["export"], ["generate"], ["eval"], ["operator"]):
         with pytest.raises(SystemExit) as done:
             main([*argv, "--help"])
         assert done.value.code == 0

@@ -27,7 +27,7 @@ from brain_trainer.checkpoint import CheckpointManager, TrainState, latest_check
 from brain_trainer.checkpoint import store
 from brain_trainer.checkpoint.cadence import Cadence
 from brain_trainer.config import CheckpointConfig
-from brain_trainer.model.export import main as export_main
+from brain_trainer.hf.export import main as export_main
 
 STEPS, INTERVAL, KEEP = 6, 2, 2
 

@@ -24,6 +24,7 @@ from brain_trainer.config import ModelConfig, TrainerConfig
 from brain_trainer.config.presets import preset_config
 from brain_trainer.contract import CONFIG_ERROR
 from brain_trainer.loop.train import build_and_wrap, train
+from brain_trainer.hf.export import main as export_main
 from brain_trainer.model import export as exporter
 from brain_trainer.model.brain_ai import BrainAI
 from brain_trainer.model.init_from import open_source
@@ -88,8 +89,8 @@ def job_a(tmp_path_factory) -> Path:
 def test_export_then_start_from_it_at_3_ranks(job_a, tmp_path):
     saved = shards.load_prefix(job_a, "model")
     single, sharded = tmp_path / "single", tmp_path / "sharded"
-    assert exporter.main([str(job_a), str(single)]) == 0
-    assert exporter.main([str(job_a.parent), str(sharded), "--max-shard-size", "300KB"]) == 0  # the newest one
+    assert export_main([str(job_a), str(single)]) == 0
+    assert export_main([str(job_a.parent), str(sharded), "--max-shard-size", "300KB"]) == 0  # the newest one
 
     exported = load_file(single / "model.safetensors")
     assert exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
@@ -124,7 +125,7 @@ def test_export_then_start_from_it_at_3_ranks(job_a, tmp_path):
 
 def test_a_tensor_parallel_job_starts_from_exported_weights_and_a_checkpoint(job_a, tmp_path):
     single = tmp_path / "single"
-    assert exporter.main([str(job_a), str(single)]) == 0
+    assert export_main([str(job_a), str(single)]) == 0
     out = run_ranks(start_tp_from, 4, {"safetensors": str(single), "checkpoint": str(job_a)})[0]
     expected = digests(shards.load_prefix(job_a, "model"))
     assert out["safetensors"] == expected and out["checkpoint"] == expected
@@ -135,9 +136,9 @@ def test_export_refuses_a_non_empty_target_and_leaves_nothing_complete_after_a_f
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert exporter.main([str(job_a), str(out)]) == 1
+    assert export_main([str(job_a), str(out)]) == 1
     assert "exists and is not empty; pass --force" in capsys.readouterr().err and (out / "notes.txt").exists()
-    assert exporter.main([str(job_a), str(out), "--force"]) == 0
+    assert export_main([str(job_a), str(out), "--force"]) == 0
     assert (out / "model.safetensors").is_file() and not (out / "notes.txt").exists()
 
     def broken(folder, batch):
@@ -159,7 +160,7 @@ def _meta(**overrides) -> nn.Module:
 
 def test_bad_init_from_is_one_line_naming_the_field_the_file_and_the_tensor(job_a, tmp_path):
     exported = tmp_path / "exported"
-    assert exporter.main([str(job_a), str(exported)]) == 0
+    assert export_main([str(job_a), str(exported)]) == 0
 
     def refused(path, model=None) -> str:
         with pytest.raises(ConfigError) as caught:
@@ -212,7 +213,7 @@ def test_the_trainer_refuses_a_bad_init_from_before_training(tmp_path):
 EXPORT_PEAK = """
 import sys
 from pathlib import Path
-from brain_trainer.model import export
+from brain_trainer.hf import export
 
 def status(key):
     line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(key + ":"))

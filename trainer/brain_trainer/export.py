@@ -1,8 +1,8 @@
-"""`python -m brain_trainer.export`: the documented alias of `braintrain export` (model/export.py)."""
+"""`python -m brain_trainer.export`: the documented alias of `braintrain export` (hf/export.py)."""
 
 import sys
 
-from .model.export import main
+from .hf.export import main
 
 if __name__ == "__main__":
     sys.exit(main())

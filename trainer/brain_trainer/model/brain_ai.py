@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 import math
 import inspect
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -107,13 +107,25 @@ class Encoders(Block):
             ids = ids * (self.bos + 1) + padded[:, i : i + T]
         return (ids % HASH_INPUT * HASH_MULTIPLIER) % 2**32 % self.ngram.num_embeddings
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embedded(self, tokens: torch.Tensor, before: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Token and n-gram embeddings (B, T, D); `before`: the tokens that precede these (decoding), else none."""
+        T = tokens.shape[1]
+        history = tokens if before is None else torch.cat([before, tokens], dim=1)
         x = self.embed(tokens)  # (B, T, D)
         for order in NGRAM_ORDERS:
-            x = x + self.ngram(self.ngram_ids(tokens, order))  # (B, T, D)
+            x = x + self.ngram(self.ngram_ids(history, order)[:, -T:])  # (B, T, D)
+        return x
+
+    def convolved(self, x: torch.Tensor, before: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x plus its causal convolution; `before`: the embedded rows that precede x (at most kernel - 1), else none."""
+        T = x.shape[1]
+        rows = x if before is None else torch.cat([before, x], dim=1)
         # left padding only: output t sees positions t-k+1 .. t
-        window = F.pad(x.transpose(1, 2), (self.conv.kernel_size[0] - 1, 0))  # (B, D, T+k-1)
+        window = F.pad(rows.transpose(1, 2), (self.conv.kernel_size[0] - 1 - (rows.shape[1] - T), 0))  # (B, D, T+k-1)
         return x + self.conv(window).transpose(1, 2)  # (B, T, D)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.convolved(self.embedded(tokens))  # (B, T, D)
 
 
 class Spike(torch.autograd.Function):
@@ -226,12 +238,18 @@ class RecurrentBlock(Block):
         _init_linear(self.proj)
         _init_linear(self.out, out_std)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log a_t, (1 - a_t) * v_t, the output gate), each (B, T, D) float32."""
         value, gate, out_gate = self.proj(self.norm(x)).float().chunk(3, dim=-1)  # 3 x (B, T, D)
         log_a = -MAX_LOG_DECAY * torch.sigmoid(-gate)  # (B, T, D), log a_t
-        written = -torch.expm1(log_a) * torch.sigmoid(value)  # (B, T, D), (1 - a_t) * v_t
-        state = gated_scan(log_a, written)  # (B, T, D), in (0, 1)
+        return log_a, -torch.expm1(log_a) * torch.sigmoid(value), out_gate
+
+    def read(self, x: torch.Tensor, state: torch.Tensor, out_gate: torch.Tensor) -> torch.Tensor:
         return x + self.out((state * F.silu(out_gate)).to(x.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        log_a, written, out_gate = self.gates(x)
+        return self.read(x, gated_scan(log_a, written), out_gate)  # the state is in (0, 1)
 
 
 class SlotAttentionBlock(Block):
@@ -300,14 +318,23 @@ class TransformerBlock(Block):
         self.mlp_norm.reset_parameters()
         self.mlp.reset_parameters(out_std)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values (B, H, T, hd) of the stream x."""
         B, T, _ = x.shape
         h = self.attn_norm(x)
         # -1 heads: all of them, or this rank's share under tensor parallelism
-        q, k, v = (proj(h).view(B, T, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))  # (B, H, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        q, k, v = (proj(h).view(B, T, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        return q, k, v
+
+    def mix(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The stream after the attention's read y (B, H, T, hd) and the MLP."""
+        B, T, _ = x.shape
         x = x + self.attn_out(y.transpose(1, 2).reshape(B, T, -1))
         return x + self.mlp(self.mlp_norm(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.heads(x)
+        return self.mix(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 class DecisionBlock(Block):

@@ -1,4 +1,4 @@
-"""`braintrain export CHECKPOINT OUT` (alias: `python -m brain_trainer.export`): safetensors for Hugging Face users.
+"""The weights of `braintrain export CHECKPOINT OUT` (hf/export.py adds the files transformers needs): safetensors.
 
 CHECKPOINT is a committed checkpoint folder (step-XXXXXXXX/, or one written by
 save_model) or a checkpoint.dir, meaning its newest committed checkpoint. Its
@@ -20,15 +20,13 @@ Optimizer state is not read.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -38,7 +36,6 @@ from ..config.presets import preset_config
 from ..parallel.fsdp import DTYPES
 from ..schema import to_dict
 from . import safetensors_io as st
-from .export_args import add_arguments
 from .init_from import MODEL_PREFIX, SOURCE_HASH_KEY, SOURCE_STEP_KEY
 
 LOAD_BUDGET = 256 << 20  # bytes read from the checkpoint at once, whatever the shard size
@@ -163,9 +160,15 @@ def _write_all(folder: Path, manifest: dict[str, Any], tensors: list[Tensor], wo
     return len(groups)
 
 
+# What else goes into OUT, written into its work folder before it is renamed into place: (work, checkpoint, manifest).
+Finish = Callable[[Path, Path, dict[str, Any]], None]
+
+
 def export(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: Optional[str] = None,
-           max_shard_size: Optional[int] = None, force: bool = False) -> tuple[Path, int]:
-    """Write CHECKPOINT's model to OUT as safetensors; returns (the checkpoint folder read, files written)."""
+           max_shard_size: Optional[int] = None, force: bool = False,
+           finish: Optional[Finish] = None) -> tuple[Path, int]:
+    """Write CHECKPOINT's model to OUT as safetensors (and what `finish` adds); returns (the checkpoint folder
+    read, safetensors files written)."""
     out = Path(out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
         raise ExportError(f"{out} exists and is not empty; pass --force to replace it")
@@ -186,6 +189,8 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: Optiona
     work.mkdir(parents=True)
     try:
         files = _write_all(folder, manifest, tensors, work, dtype, max_shard_size)
+        if finish is not None:
+            finish(work, folder, manifest)
         if out.exists():  # replaced only now that the new export is complete
             doomed = out.with_name(out.name + DELETING_SUFFIX)
             os.rename(out, doomed)
@@ -200,20 +205,3 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: Optiona
         shutil.rmtree(work, ignore_errors=True)
         raise
     return folder, files
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        folder, files = export(args.checkpoint, args.out, args.dtype, args.max_shard_size, args.force)
-    except ExportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"exported the model of {folder} to {args.out} ({files} safetensors file(s))")
-    return 0
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m brain_trainer.export", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
