@@ -20,8 +20,8 @@ from typing import Any, Optional, Sequence
 from brain_trainer.config import kubeyaml
 from brain_trainer.schema import in_view, is_bool_or_string, key_for, openapi_schema
 
-from .job_status import JobStatus
-from .render.workers import CONFIG_DIR, CONFIG_PATH, RDZV_PORT
+from .status.job_status import JobStatus
+from .backends.shared.workers import CONFIG_DIR, CONFIG_PATH, RDZV_PORT
 from .spec import (
     API_SERVER_RULES,
     GROUP,

@@ -47,17 +47,17 @@ import kopf
 from brain_trainer.contract import METRICS_PORT, PROGRESS_PATH
 
 from . import __version__
-from .backoff import Backoff, JobRetries
-from .children import WATCH_SELECTOR, WATCHED, observed_child
-from .cluster import ClusterClient, KubernetesClient, Refused
-from .discovery import ServedApis
-from .expectations import Expectations
+from .cluster.backoff import Backoff, JobRetries
+from .cluster.children import WATCH_SELECTOR, WATCHED, observed_child
+from .cluster.client import ClusterClient, KubernetesClient, Refused
+from .cluster.discovery import ServedApis
+from .cluster.expectations import Expectations
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
-from .names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
-from .pods import RUNNING as POD_RUNNING
-from .progress import POLL_SECONDS
+from .objects.names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
+from .objects.pods import RUNNING as POD_RUNNING
+from .status.progress import POLL_SECONDS
 from .reconcile import Observed, deletion_deletes, deletion_events, progress_pods, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults
 

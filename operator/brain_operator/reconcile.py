@@ -46,27 +46,27 @@ from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Seque
 from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
-from .accounting import still_handled, unhandled
-from .cluster import ClusterClient, Conflict, ObjectRef, Refused, controller_uid
-from .discovery import ServedApis, missing
-from .events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, overlay_refusal_event,
+from .status.accounting import still_handled, unhandled
+from .cluster.client import ClusterClient, Conflict, ObjectRef, Refused, controller_uid
+from .cluster.discovery import ServedApis, missing
+from .status.events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, overlay_refusal_event,
                      refusal_event, worker_exit_event)
-from .expectations import Expectations
-from .failure_policy import WorkerFailure, consequence, explain, first_cause
-from .incidents import ROOT, Exit, Verdict, judge, still_open
-from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
+from .cluster.expectations import Expectations
+from .status.failure_policy import WorkerFailure, consequence, explain, first_cause
+from .status.incidents import ROOT, Exit, Verdict, judge, still_open
+from .status.job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
 from .logs import job_logger
-from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION, worker_pod_name
-from .on_demand import answered_events, request_events
-from .stalled import stalled_status
-from .pods import PENDING, PodView, created_at, ended_at, is_disruption, pod_view
-from .progress import progress_status, reports_progress
-from .render import KUBEFLOW_JOB_NAME_LABEL, checkpoint_claim_name, render, selector
-from .schedulers import (JOB_UID_LABEL, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL, RETRIABLE_IN_GROUP_ANNOTATION,
+from .objects.names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION, worker_pod_name
+from .status.on_demand import answered_events, request_events
+from .status.stalled import stalled_status
+from .objects.pods import PENDING, PodView, created_at, ended_at, is_disruption, pod_view
+from .status.progress import progress_status, reports_progress
+from .backends import KUBEFLOW_JOB_NAME_LABEL, checkpoint_claim_name, render, selector
+from .objects.schedulers import (JOB_UID_LABEL, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL, RETRIABLE_IN_GROUP_ANNOTATION,
                          WORKLOAD, held_by_kueue, pending_reason)
 from .spec import Job, OperatorDefaults, OverlayRefused, effective_batch_size, node_range, parse_job, resolved_strategy
 from .spec.model import FAIL_JOB, RETAIN
-from .status import (
+from .status.compute import (
     BACKEND_UNAVAILABLE,
     BACKOFF_LIMIT_EXCEEDED,
     CHECKPOINT_STORAGE_TOO_SMALL,
@@ -84,9 +84,9 @@ from .status import (
     pytorchjob_status,
     refused_status,
 )
-from .storage import StorageTooSmall, check_storage, unchecked_claim_event
-from .vocabulary import assumed
-from .waiting import Waiting, earlier_job, stuck_terminating, waiting
+from .sizing.storage import StorageTooSmall, check_storage, unchecked_claim_event
+from .sizing.vocabulary import assumed
+from .status.waiting import Waiting, earlier_job, stuck_terminating, waiting
 
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")

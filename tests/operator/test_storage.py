@@ -11,7 +11,7 @@ from fake_cluster import FakeCluster
 from brain_operator.cli import main
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import parse_job
-from brain_operator.storage import StorageTooSmall, check_storage, local_shortfall, room_needed
+from brain_operator.sizing.storage import StorageTooSmall, check_storage, local_shortfall, room_needed
 from brain_trainer.config.presets import preset_config, wrap_unit_params
 from brain_trainer.parallel.memory import STAGED_BYTES_PER_PARAM, preset_checkpoint_bytes
 

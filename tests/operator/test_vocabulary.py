@@ -12,10 +12,10 @@ from fake_cluster import FakeCluster
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from brain_operator.cli import main
-from brain_operator.estimate import estimate_lines
+from brain_operator.sizing.estimate import estimate_lines
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import parse_job
-from brain_operator.storage import size_text
+from brain_operator.sizing.storage import size_text
 from brain_trainer.config.presets import preset_config
 from brain_trainer.data.tokens.options import PrepareOptions
 from brain_trainer.data.tokens.prepare import prepare

@@ -21,7 +21,7 @@ from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
 from brain_trainer.parallel.layout import micro_batch_problems, micro_batches_field, spread_problems, world_problems
 from brain_trainer.schema import Names, quoted, setting
 
-from ..schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
+from ..objects.schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
 from .corev1 import core_problems, core_setting
 from .environment import NCCL_DEBUG, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, check_env
 from .kube import (

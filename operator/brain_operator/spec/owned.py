@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from brain_trainer.contract import METRICS_PORT, METRICS_PORT_NAME
 
-from ..names import MANAGED_BY
-from ..resource import GROUP
-from ..schedulers import FOREIGN_PREFIXES
+from ..objects.names import MANAGED_BY
+from ..objects.resource import GROUP
+from ..objects.schedulers import FOREIGN_PREFIXES
 
 CONFIG_DIR = "/etc/brain"
 SHM_DIR = "/dev/shm"
