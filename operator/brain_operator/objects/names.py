@@ -4,7 +4,8 @@ Pure. Pods are `<job>-worker-<i>` and the headless Service `<job>-workers`,
 so `<job>-worker-<i>.<job>-workers` resolves to pod i (docs/architecture.md).
 A replacement pod whose name is still held (a lost node's pod, Terminating
 for good) is `<job>-worker-<i>-<attempt>` with the same hostname and
-subdomain, so the DNS name stays `<job>-worker-<i>.<job>-workers`.
+subdomain, so the DNS name stays `<job>-worker-<i>.<job>-workers`
+(backends/elastic/replacement.py holds the rule).
 """
 
 from __future__ import annotations

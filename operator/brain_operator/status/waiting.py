@@ -60,7 +60,8 @@ class Waiting:
 
 def stuck_terminating(pod: Mapping[str, Any], now: datetime) -> bool:
     """Terminating past the end of its grace (its deletionTimestamp) plus the margin: not going away on its own,
-    so it no longer holds its worker's place (reconcile creates the replacement under another name)."""
+    so it no longer holds its worker's place (backends/elastic/replacement.py: its replacement takes another
+    name)."""
     deleted = (pod.get("metadata") or {}).get("deletionTimestamp")
     return bool(deleted) and now - parse_time(deleted) >= timedelta(seconds=TERMINATING_MARGIN_SECONDS)
 
