@@ -28,8 +28,8 @@ from .logs import LOG_FORMATS
 from .spec import JOB_BACKENDS, OperatorDefaults, parse_job
 from .spec.overrides import apply_overrides, as_flags, attribute, parse_overrides
 from .spec.parse import IMAGE_FIELD
+from .local.dataset import job_vocabulary
 from .sizing.storage import check_storage
-from .sizing.vocabulary import job_vocabulary
 
 __all__ = ["main"]
 
@@ -110,7 +110,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     job = parse_job(job_manifest(args), require_image=False, defaults=OperatorDefaults.from_env())
     # A relative data.path is the manifest folder's, as `braintrain run` reads it.
-    print("\n".join(estimate_lines(job, device_memory_gib=args.device_memory, base_dir=args.file.resolve().parent)))
+    vocabulary = job_vocabulary(job, base_dir=args.file.resolve().parent)
+    print("\n".join(estimate_lines(job, vocabulary, device_memory_gib=args.device_memory)))
     return 0
 
 

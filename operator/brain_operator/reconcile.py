@@ -48,10 +48,11 @@ from brain_trainer.schema import ConfigError
 
 from .backends import Plan, Seen, checkpoint_claim_name, kueue, plan_backend, render
 from .backends.writes import POD, PYTORCHJOB, kind_of
-from .cluster.client import ClusterClient, Conflict, ObjectRef, Refused, controller_uid
+from .cluster.client import ClusterClient, Conflict, Refused, controller_uid
 from .cluster.discovery import ServedApis, missing
 from .cluster.expectations import Expectations
 from .logs import job_logger
+from .objects.refs import ObjectRef
 from .sizing.storage import StorageTooSmall, check_storage, unchecked_claim_event
 from .sizing.vocabulary import assumed
 from .spec import Job, OperatorDefaults, OverlayRefused, parse_job

@@ -6,7 +6,7 @@ from test_handlers import context
 from test_reconcile import NS, manifest, started, step
 
 from brain_operator import handlers
-from brain_operator.cluster.client import ObjectRef
+from brain_operator.objects.refs import ObjectRef
 from brain_operator.status.job_status import JobStatus
 from brain_operator.status.on_demand import answered_events
 from brain_trainer.contract import CONFIG_FILE, Progress

@@ -24,7 +24,8 @@ from fake_cluster import forbidden, invalid
 from test_handlers import NS, VERBS, Emulator, first_event, manifest, pod_named, serve_resources
 
 from brain_operator import handlers
-from brain_operator.cluster.client import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, ObjectRef, Refused
+from brain_operator.cluster.client import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, Refused
+from brain_operator.objects.refs import ObjectRef
 from brain_operator.objects.names import JOB_NAME_LABEL
 from brain_operator.spec import API_VERSION, PLURAL, OperatorDefaults
 from brain_operator.status.waiting import STUCK_TERMINATING, TERMINATING_MARGIN_SECONDS

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ..cluster.client import ClusterClient, ObjectRef
+from ..cluster.client import ClusterClient
 from ..objects.names import SUSPEND_ANNOTATION
 from ..objects.pods import PodView, pod_view
+from ..objects.refs import ObjectRef
 from ..objects.schedulers import (JOB_UID_LABEL, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL,
                                   RETRIABLE_IN_GROUP_ANNOTATION, WORKLOAD, pending_reason)
 from ..spec import Job

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Optional, Sequence
 
-from ..cluster.client import ObjectRef
+from ..objects.refs import ObjectRef
 from ..spec import Job
 from ..status.events import Event
 from ..status.job_status import JobStatus

@@ -24,7 +24,6 @@ import json
 import logging
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, TypeVar
 
 import urllib3
@@ -38,6 +37,7 @@ from .discovery import OPTIONAL, ServedApis, verb
 from ..status.events import Event
 from ..logs import job_logger
 from ..objects.names import JOB_NAME_LABEL, label_selector
+from ..objects.refs import ObjectRef
 from ..spec import API_VERSION, KIND
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -82,24 +82,6 @@ class Refused(RuntimeError):
         reason = status.get("reason") if isinstance(status.get("reason"), str) else ""
         message = status.get("message") if isinstance(status.get("message"), str) else ""
         return cls(what, code, reason or "Refused", message or f"the API server answered {code}")
-
-
-@dataclass(frozen=True, order=True)
-class ObjectRef:
-    api_version: str
-    kind: str
-    namespace: str
-    name: str
-    # The object seen, when known: a delete then removes that one and never a replacement of the same name.
-    uid: str = field(default="", compare=False)
-
-    @classmethod
-    def of(cls, obj: Mapping[str, Any]) -> "ObjectRef":
-        meta = obj.get("metadata") or {}
-        return cls(obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"], meta.get("uid") or "")
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.namespace}/{self.name}"
 
 
 def controller_uid(obj: Mapping[str, Any]) -> Optional[str]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Mapping, Sequence
 
-from .client import ObjectRef
+from ..objects.refs import ObjectRef
 
 # controller_utils.go ExpectationsTimeout: past it, an object never observed is created again.
 EXPECTATIONS_TIMEOUT = timedelta(minutes=5)

@@ -65,6 +65,7 @@ from ..spec.owned import CONFIG_VOLUME, DATA_VOLUME
 from ..status.waiting import RUN_CONTAINER_ERROR, UNSCHEDULABLE, Waiting
 
 __all__ = [
+    "CLAIMS_DIR",
     "LocalPlan",
     "LocalRunError",
     "LocalWorker",
@@ -83,6 +84,8 @@ LOOPBACK = "127.0.0.1"
 # A data path may start with this placeholder: the local runner expands it to
 # the Python standard library's folder, text that every machine has.
 STDLIB_PLACEHOLDER = "{stdlib}"
+# Where `braintrain run` keeps persistent volume claims unless told (this module's docstring).
+CLAIMS_DIR = Path("runs") / "claims"
 
 
 class LocalRunError(RuntimeError):

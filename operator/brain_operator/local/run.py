@@ -43,6 +43,7 @@ from brain_trainer.parallel.launcher import held_port
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
 from ..status.failure_policy import WorkerFailure, consequence
 from .plan import (
+    CLAIMS_DIR,
     LocalPlan,
     LocalRunError,
     LocalWorker,
@@ -59,6 +60,7 @@ from ..spec import OperatorDefaults, parse_job
 from ..spec.model import FAIL_JOB, RESTART
 from ..status.stalled import quiet
 from ..sizing.storage import check_storage, local_shortfall
+from .dataset import job_vocabulary
 
 __all__ = ["newest_committed", "planner", "request_checkpoint", "run_job", "running_here"]
 
@@ -66,8 +68,6 @@ __all__ = ["newest_committed", "planner", "request_checkpoint", "run_job", "runn
 POLL_SECONDS = 0.2
 # The progress document's time has whole seconds.
 STALL_SLACK_SECONDS = 1.0
-# Where `braintrain run` keeps persistent volume claims unless told (docs: local_plan).
-CLAIMS_DIR = Path("runs") / "claims"
 # The work directory's folder of the attempts' rendezvous files (local_plan's docstring).
 RENDEZVOUS_DIR = "rendezvous"
 # In the work directory: locked by the runner while its run lives (flock: the kernel releases it however the runner
@@ -460,7 +460,7 @@ def run_job(
 
 def _run(plan_for: Callable[[], LocalPlan], stream: TextIO, overrides: tuple[str, ...]) -> int:
     plan = plan_for()
-    check_storage(plan.job)
+    check_storage(plan.job, job_vocabulary(plan.job))
     unsupported = cluster_only(plan.job)
     if unsupported is not None:
         raise LocalRunError(unsupported)

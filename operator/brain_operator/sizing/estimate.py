@@ -8,16 +8,15 @@ that covers it (compared with `spec.resources.requests.memory`), the room
 its checkpoints need (storage.py), and the model FLOPs per token the trainer's
 MFU counts (config/model_flops.py: the formula its FlopCounterMode count equals).
 The preset is sized with the vocabulary the trainer will give it (vocabulary.py):
-a token dataset's tokenizer's where the dataset is reachable from here, and the
-first lines say which one. Errors name fields as the manifest spells them.
+a token dataset's tokenizer's where the dataset is reachable from here (the
+caller reads it), and the first lines say which one. Errors name fields as the manifest spells them.
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 from brain_trainer.config import TrainerConfig
 from brain_trainer.config.model_flops import six_n_flops_per_token, training_flops_per_token
@@ -37,7 +36,7 @@ from brain_trainer.schema import ConfigError, FieldError, spelling
 from ..spec import Job, JobSpec, trainer_config, world_size
 from ..spec.kube import quantity_value
 from .storage import check_storage, storage_lines
-from .vocabulary import job_vocabulary, with_vocabulary
+from .vocabulary import Vocabulary, with_vocabulary
 
 __all__ = ["DEFAULT_DEVICE_MEMORY_GIB", "estimate_lines", "host_plan", "quantity_bytes"]
 
@@ -192,11 +191,9 @@ def _batch_lines(cfg: TrainerConfig, first: MemoryPlan, picked: MemoryPlan) -> l
             *_bubble_warning(picked)]
 
 
-def estimate_lines(job: Job, *, device_memory_gib: float | None = None, base_dir: Optional[Path] = None,
-                   claims: Optional[Path] = None) -> list[str]:
-    """The estimate's lines; `base_dir` (the manifest's folder) and `claims` say where to look for a token
-    dataset as `braintrain run` would (vocabulary.job_vocabulary)."""
-    vocabulary = job_vocabulary(job, base_dir=base_dir, claims=claims)
+def estimate_lines(job: Job, vocabulary: Vocabulary, *, device_memory_gib: float | None = None) -> list[str]:
+    """The estimate's lines; `vocabulary` as the caller found it (local/dataset.py reads a token dataset where
+    `braintrain run` would)."""
     check_storage(job, vocabulary)
     job = with_vocabulary(job, vocabulary)
     cfg = trainer_config(job).resolved()  # the preset's recommendations where the job says nothing

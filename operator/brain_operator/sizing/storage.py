@@ -1,4 +1,4 @@
-"""Will the checkpoints fit? (pure but for reading a token dataset's vocabulary; torch-free)
+"""Will the checkpoints fit? (pure, torch-free)
 
 A checkpoint's size comes from the memory planner's byte counts
 (`brain_trainer.parallel.memory.preset_checkpoint_bytes`: fp32 parameters, AdamW's two
@@ -24,7 +24,7 @@ from brain_trainer.schema import ConfigError, FieldError
 from ..status.events import WARNING, Event
 from ..spec import Job
 from ..spec.kube import quantity_value
-from .vocabulary import Vocabulary, job_vocabulary, with_vocabulary
+from .vocabulary import Vocabulary, with_vocabulary
 
 TEMPLATE_STORAGE = "spec.checkpoint.volumeClaimTemplate.storage"
 
@@ -54,15 +54,15 @@ def _room_text(needed: int, size: int, keep_last: int) -> str:
     return f"(checkpoint.keepLast {keep_last} + 1) x {size_text(size)} per checkpoint = {size_text(needed)}"
 
 
-def check_storage(job: Job, vocabulary: Optional[Vocabulary] = None) -> None:
+def check_storage(job: Job, vocabulary: Vocabulary) -> None:
     """Raise StorageTooSmall when the volumeClaimTemplate is smaller than the checkpoints need.
 
-    `vocabulary`: the model's; unless given, found from here (vocabulary.job_vocabulary reads the dataset).
+    `vocabulary`: the model's, as the caller found it (local/dataset.py reads a token dataset's; the operator
+    assumes the preset's).
     """
     template = job.spec.checkpoint.volume_claim_template
     if template is None:
         return
-    vocabulary = vocabulary or job_vocabulary(job)
     room = room_needed(with_vocabulary(job, vocabulary))
     if room is None:
         return

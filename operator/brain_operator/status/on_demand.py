@@ -13,7 +13,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from brain_trainer.contract import CHECKPOINT_REQUEST_FILE
 
-from ..cluster.client import ObjectRef
+from ..objects.refs import ObjectRef
 from .events import NORMAL, Event
 from .job_status import JobStatus
 from ..objects.names import CHECKPOINT_NOW_ANNOTATION

@@ -14,8 +14,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 from brain_trainer.contract import parse_time
 
-from ...cluster.client import ObjectRef
 from ...objects.pods import PENDING, PodView, created_at, ended_at, is_disruption, pod_view
+from ...objects.refs import ObjectRef
 from ...spec import Job, effective_batch_size, node_range, resolved_strategy
 from ...spec.model import FAIL_JOB
 from ...status.accounting import still_handled, unhandled

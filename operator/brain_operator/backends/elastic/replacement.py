@@ -20,9 +20,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Collection, Mapping, Optional
 
-from ...cluster.client import ObjectRef
 from ...objects.names import worker_pod_name
 from ...objects.pods import PodView
+from ...objects.refs import ObjectRef
 from ...objects.schedulers import held_by_kueue
 from ...spec import Job
 from ...status.waiting import stuck_terminating

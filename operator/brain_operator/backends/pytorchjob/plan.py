@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ...cluster.client import ObjectRef
 from ...objects.names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
+from ...objects.refs import ObjectRef
 from ...spec import Job, effective_batch_size, resolved_strategy
 from ...status.compute import is_terminal, pytorchjob_status
 from ...status.events import compute_events
