@@ -156,14 +156,7 @@ def _reconcile_once(
     else:
         if unavailable:
             return apply(plan_unavailable(manifest, unavailable, now), client, manifest)["status"]
-        children = []
-        for kind in watched_kinds(job, desired):
-            seen = observed(job.namespace, job.name, kind) if observed is not None else None
-            children += client.list_children(*kind, job.namespace, job.name) if seen is None else confirmed(seen, client)
-        if expectations is not None:
-            children = with_expected(children, expectations.unseen(key, children, now))
-        children += kueue.workloads(job, children, client)
-        ours, leftovers = owned(job, children)
+        ours, leftovers = owned(job, _children(job, desired, client, now, observed, expectations, key))
         if refusal is not None and not any(kind_of(child) in OVERLAID for child in ours):
             the_plan = plan_invalid(manifest, _errors(refusal), now)  # nothing runs the overlay: an invalid spec
         else:
@@ -179,6 +172,21 @@ def _reconcile_once(
         apply(plan_refused(the_plan.status, err, now), client, after)
         raise
     return after["status"]
+
+
+def _children(job: Job, desired: Sequence[Mapping[str, Any]], client: ClusterClient, now: datetime,
+              observed: Optional[Observed], expectations: Optional[Expectations],
+              key: tuple[str, str, str]) -> list[Mapping[str, Any]]:
+    """The job's children as this pass sees them: the watches' (confirmed) or listed, with those this job's passes
+    created and the watches do not show yet (`key` names the job in `expectations`), and the Kueue Workloads of a
+    job Kueue holds back."""
+    children: list[Mapping[str, Any]] = []
+    for kind in watched_kinds(job, desired):
+        seen = observed(job.namespace, job.name, kind) if observed is not None else None
+        children += client.list_children(*kind, job.namespace, job.name) if seen is None else confirmed(seen, client)
+    if expectations is not None:
+        children = with_expected(children, expectations.unseen(key, children, now))
+    return [*children, *kueue.workloads(job, children, client)]
 
 
 def confirmed(seen: Sequence[Mapping[str, Any]], client: ClusterClient) -> list[Mapping[str, Any]]:

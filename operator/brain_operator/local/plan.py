@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping, Optional
 
+from brain_trainer.config import TrainerConfig
 from brain_trainer.contract import (
     AGENT_MODULE,
     CHECKPOINT_REQUEST_FILE,
@@ -84,6 +85,8 @@ LOOPBACK = "127.0.0.1"
 # A data path may start with this placeholder: the local runner expands it to
 # the Python standard library's folder, text that every machine has.
 STDLIB_PLACEHOLDER = "{stdlib}"
+# The progress document rank 0 writes, in the work directory.
+PROGRESS_FILE = "progress.json"
 # Where `braintrain run` keeps persistent volume claims unless told (this module's docstring).
 CLAIMS_DIR = Path("runs") / "claims"
 
@@ -221,54 +224,20 @@ def plan_local(
     """
     workers = elastic_workers(job)
     shared, _ = _folders(workers[0], workdir, claims)
-    hosts = _dns_names(job, workers)
-    procs = job.spec.nodes * job.spec.nproc_per_node
-    progress_file = workdir / "progress.json"
     checkpoint_dir = shared[CHECKPOINT_VOLUME]
-    # Loopback: the progress display reads it here, and nobody else on the network should.
-    config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port, metrics_address=LOOPBACK)
-    # Volumes are read and written at their local folders: data and initial weights on a mounted volume (the
-    # checkpoint claim's `/checkpoints/export/...`), TensorBoard on one (rank 0, worker 0, writes it; a relative folder is
-    # below the work directory).
-    shared_mounts = {v.mount_path: shared[v.name] for v in workers[0].container.volumes if v.name in shared}
-    if config.data.path:
-        config = replace(config, data=replace(config.data, path=rewrite_path(config.data.path, shared_mounts)))
-    if config.model.init_from:
-        config = replace(config, model=replace(config.model, init_from=rewrite_path(config.model.init_from, shared_mounts)))
-    if config.metrics.tensorboard_dir:
-        metrics = replace(config.metrics, tensorboard_dir=rewrite_path(config.metrics.tensorboard_dir, shared_mounts))
-        config = replace(config, metrics=metrics)
-
-    local_workers = []
-    for worker in workers:
-        _, scratch = _folders(worker, workdir, claims)
-        folders = {**shared, **scratch}
-        mounts = {v.mount_path: folders[v.name] for v in worker.container.volumes}
-        env = {name: _rewrite_host(rewrite_path(value, mounts), hosts) for name, value in worker.container.env}
-        env[RDZV_ENDPOINT_ENV] = str(rendezvous)
-        env[RDZV_CONF_ENV] = rdzv_conf({"store_type": "file", **rendezvous_timeouts(job)})
-        # The address this agent advertises to the others (the pod IP in a cluster).
-        env[LOCAL_ADDR_ENV] = LOOPBACK
-        env[PROGRESS_FILE_ENV] = str(progress_file)
-        # The checkpoint volume's holder is the work directory here (the uid in a cluster): a rerun in it takes
-        # its claim over at once, another job's run on the same claim is refused while this one holds it.
-        env[LEASE_HOLDER_ENV] = lease_holder(job.name, str(workdir))
-        # The pod's /dev/termination-log, where its trainers say why they ended.
-        termination_log = workdir / "termination" / worker.name
-        env[TERMINATION_LOG_ENV] = str(termination_log)
-        # torchrun sets one thread per process only when a node runs several; local
-        # agents share one machine, so its cores are split between all processes.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count // procs)))
-        # torchrun's agent, quiet when stopped (contract.AGENT_MODULE): every stop of a local run is a SIGTERM.
-        argv = [python, "-m", AGENT_MODULE, *(rewrite_path(a, mounts) for a in worker.container.args)]
-        local_workers.append(LocalWorker(worker.name, argv, env, list(scratch.values()), termination_log))
-
+    config = _local_config(job, workers[0], shared, checkpoint_dir, metrics_port)
+    # torchrun sets one thread per process only when a node runs several; local
+    # agents share one machine, so its cores are split between all processes.
+    threads = max(1, cpu_count // (job.spec.nodes * job.spec.nproc_per_node))
+    hosts = _dns_names(job, workers)
+    local_workers = [_local_worker(job, worker, workdir, claims, shared, hosts, rendezvous, python, threads)
+                     for worker in workers]
     config_folder = next(shared[v.name] for v in workers[0].container.volumes if v.kind == CONFIG_MAP)
     return LocalPlan(
         job_name=job.name,
         workdir=workdir,
         checkpoint_dir=checkpoint_dir,
-        progress_file=progress_file,
+        progress_file=workdir / PROGRESS_FILE,
         total_steps=job.spec.training.steps,
         backoff_limit=job.spec.run_policy.backoff_limit,
         job=job,
@@ -279,6 +248,49 @@ def plan_local(
         grace_seconds=termination_grace_seconds(job),
         data_claim=shared.get(DATA_VOLUME),
     )
+
+
+def _local_config(job: Job, first: Worker, shared: Mapping[str, Path], checkpoint_dir: Path,
+                  metrics_port: int) -> TrainerConfig:
+    """trainer.yaml for a local run: its paths on the local folders, rank 0's metrics on `metrics_port`."""
+    # Loopback: the progress display reads it here, and nobody else on the network should.
+    config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port, metrics_address=LOOPBACK)
+    # Volumes are read and written at their local folders: data and initial weights on a mounted volume (the
+    # checkpoint claim's `/checkpoints/export/...`), TensorBoard on one (rank 0, worker 0, writes it; a relative folder is
+    # below the work directory).
+    shared_mounts = {v.mount_path: shared[v.name] for v in first.container.volumes if v.name in shared}
+    if config.data.path:
+        config = replace(config, data=replace(config.data, path=rewrite_path(config.data.path, shared_mounts)))
+    if config.model.init_from:
+        config = replace(config, model=replace(config.model, init_from=rewrite_path(config.model.init_from, shared_mounts)))
+    if config.metrics.tensorboard_dir:
+        metrics = replace(config.metrics, tensorboard_dir=rewrite_path(config.metrics.tensorboard_dir, shared_mounts))
+        config = replace(config, metrics=metrics)
+    return config
+
+
+def _local_worker(job: Job, worker: Worker, workdir: Path, claims: Path, shared: Mapping[str, Path],
+                  hosts: set[str], rendezvous: Path, python: str, threads: int) -> LocalWorker:
+    """One worker pod as a local torchrun agent: its folders, environment and command on this machine."""
+    _, scratch = _folders(worker, workdir, claims)
+    folders = {**shared, **scratch}
+    mounts = {v.mount_path: folders[v.name] for v in worker.container.volumes}
+    env = {name: _rewrite_host(rewrite_path(value, mounts), hosts) for name, value in worker.container.env}
+    env[RDZV_ENDPOINT_ENV] = str(rendezvous)
+    env[RDZV_CONF_ENV] = rdzv_conf({"store_type": "file", **rendezvous_timeouts(job)})
+    # The address this agent advertises to the others (the pod IP in a cluster).
+    env[LOCAL_ADDR_ENV] = LOOPBACK
+    env[PROGRESS_FILE_ENV] = str(workdir / PROGRESS_FILE)
+    # The checkpoint volume's holder is the work directory here (the uid in a cluster): a rerun in it takes
+    # its claim over at once, another job's run on the same claim is refused while this one holds it.
+    env[LEASE_HOLDER_ENV] = lease_holder(job.name, str(workdir))
+    # The pod's /dev/termination-log, where its trainers say why they ended.
+    termination_log = workdir / "termination" / worker.name
+    env[TERMINATION_LOG_ENV] = str(termination_log)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    # torchrun's agent, quiet when stopped (contract.AGENT_MODULE): every stop of a local run is a SIGTERM.
+    argv = [python, "-m", AGENT_MODULE, *(rewrite_path(a, mounts) for a in worker.container.args)]
+    return LocalWorker(worker.name, argv, env, list(scratch.values()), termination_log)
 
 
 def not_started(worker: LocalWorker, err: OSError) -> str:
