@@ -1,5 +1,5 @@
 """Grace that fits a checkpoint, and a rendezvous that waits: what the worker pods, the PyTorchJob and the local
-runner are given (grace.py, render/workers.py)."""
+runner are given (sizing/grace.py, backends/shared/workers.py)."""
 
 from __future__ import annotations
 

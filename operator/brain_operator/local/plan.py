@@ -1,7 +1,7 @@
 """A parsed job's worker plan -> local process plans (pure: no processes, no files).
 
 The local runner executes exactly what the cluster would run: the typed
-worker plan the elastic renderer makes its pods from (render/workers.py).
+worker plan the elastic renderer makes its pods from (backends/shared/workers.py).
 This module decides how each worker becomes a local `torchrun` agent: its
 argv, its environment with the workers' DNS names pointing at 127.0.0.1 and
 the c10d rendezvous in a file store of the attempt's own (below), and its

@@ -1,6 +1,6 @@
 """`braintrain run`: a BrainTrainingJob's worker pods as local processes.
 
-The thin shell over `local_plan`: parse (no image needed) -> the elastic
+The thin shell over `plan`: parse (no image needed) -> the elastic
 backend's worker plan -> local plan -> start one torchrun agent per worker pod, each in
 its own session like a container, so a terminal's Ctrl-C reaches only the
 runner. A failed worker pod ends the others as Kubernetes deletes pods
@@ -68,7 +68,7 @@ __all__ = ["newest_committed", "planner", "request_checkpoint", "run_job", "runn
 POLL_SECONDS = 0.2
 # The progress document's time has whole seconds.
 STALL_SLACK_SECONDS = 1.0
-# The work directory's folder of the attempts' rendezvous files (local_plan's docstring).
+# The work directory's folder of the attempts' rendezvous files (plan.py's docstring).
 RENDEZVOUS_DIR = "rendezvous"
 # In the work directory: locked by the runner while its run lives (flock: the kernel releases it however the runner
 # ends); its text says how the run ended, or, while it runs, what to say should the runner die without a summary.

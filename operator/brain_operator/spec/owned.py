@@ -1,6 +1,6 @@
 """What the operator owns in every worker pod: volume names, mount paths, ports, containers, label prefixes.
 
-render/workers.py builds the pods from these names, and the pod overlay
+backends/shared/workers.py builds the pods from these names, and the pod overlay
 (spec/overlay.py) may not set or shadow any of them.
 """
 

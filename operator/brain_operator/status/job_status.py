@@ -1,6 +1,6 @@
 """A BrainTrainingJob's `status` as typed dataclasses.
 
-The CRD's status schema is generated from these classes, `status.py` builds
+The CRD's status schema is generated from these classes, `compute.py` builds
 them, and `to_dict` serialises them once, in camelCase. `status.progress` is
 the trainer's own progress document (brain_trainer.contract.Progress).
 """

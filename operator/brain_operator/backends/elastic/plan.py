@@ -95,6 +95,7 @@ def plan_elastic(seen: Seen) -> Plan:
 
 
 def _view(seen: Seen) -> _Pods:
+    """The worker pods as this pass sees them (`_Pods` says what each part is)."""
     existing, before = seen.existing, seen.before
     pods = {ref: pod_view(obj) for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD}
     live = {ref: p for ref, p in pods.items() if not p.terminating}
@@ -262,7 +263,7 @@ def _role(verdicts: Mapping[ObjectRef, Verdict], pod: Mapping[str, Any]) -> Opti
 
 
 def _deadline_failure(started: Optional[str], deadline: Optional[int], now: datetime) -> Optional[Failure]:
-    """DeadlineExceeded once `deadline` seconds passed since the clock `started` (status.clock_start)."""
+    """DeadlineExceeded once `deadline` seconds passed since the clock `started` (status/compute.py clock_start)."""
     if deadline is None or not started or now - parse_time(started) < timedelta(seconds=deadline):
         return None
     return Failure(DEADLINE_EXCEEDED, f"not finished runPolicy.activeDeadlineSeconds={deadline} s after it was "

@@ -5,7 +5,7 @@ their own, so they give up the place while keeping their name:
 
 - a pod on a lost node: deleted, Terminating for good, since the kubelet that would confirm its end is gone
   (Kubernetes frees it only once the Node is removed or tainted out-of-service). Past its grace plus a margin
-  (status.waiting.stuck_terminating, which also says so in the status's WorkersReady condition) it is `stuck`;
+  (status/waiting.py stuck_terminating, which also says so in the status's WorkersReady condition) it is `stuck`;
 - an ended pod Kueue's finalizer keeps until a replacement exists (objects.schedulers.held_by_kueue): `kept`.
   A kept pod that is also Terminating is stuck too.
 

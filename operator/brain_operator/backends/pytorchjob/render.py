@@ -78,7 +78,7 @@ def build_pytorchjob(job: Job) -> dict[str, Any]:
             "maxReplicas": high,
             "rdzvBackend": "c10d",
             "maxRestarts": spec.elastic.max_restarts,
-            # Kubeflow passes these to torchrun as PET_RDZV_CONF (render/workers.py says why they are long).
+            # Kubeflow passes these to torchrun as PET_RDZV_CONF (shared/workers.py says why they are long).
             "rdzvConf": [{"key": key, "value": value} for key, value in rendezvous_timeouts(job).items()],
         }
         body["pytorchReplicaSpecs"] = {"Worker": _replica(job, spec.nodes)}

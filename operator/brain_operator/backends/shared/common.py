@@ -1,6 +1,6 @@
 """Pieces both backends render identically: labels, metadata, the ConfigMap, the checkpoint PVC, the worker pod spec.
 
-Pure: a parsed Job (and its typed worker plan, render/workers.py) in, plain manifest dicts out.
+Pure: a parsed Job (and its typed worker plan, workers.py) in, plain manifest dicts out.
 """
 
 from __future__ import annotations

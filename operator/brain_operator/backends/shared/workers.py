@@ -1,7 +1,7 @@
 """The typed worker plan: what each worker runs, with which environment, volumes and ports (pure).
 
-Both the rendered pods (render/elastic.py, render/pytorchjob.py) and the
-local runner's processes (local_plan.py) are made from it, so `braintrain run`
+Both the rendered pods (backends/elastic, backends/pytorchjob) and the
+local runner's processes (local/plan.py) are made from it, so `braintrain run`
 executes what the cluster would (docs/architecture.md, "Worker plan").
 """
 
