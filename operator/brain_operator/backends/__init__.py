@@ -16,17 +16,16 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..objects.names import JOB_NAME_LABEL, REPLICA_INDEX_LABEL
-from ..spec import Job
 from ..objects.schedulers import QUEUE_LABEL
-from .shared.common import build_checkpoint_claim, build_config_map, config_hash, selector, selector_labels
+from ..spec import Job
 from .elastic.plan import plan_elastic
 from .elastic.render import build_service, build_worker_pod, render_elastic
-from .shared.gangs import build_pod_group
 from .pytorchjob.plan import plan_pytorchjob
 from .pytorchjob.render import KUBEFLOW_JOB_NAME_LABEL, build_pytorchjob, render_pytorchjob
+from .shared.common import build_checkpoint_claim, build_config_map, config_hash, selector, selector_labels
+from .shared.gangs import build_pod_group
 from .shared.workers import CONFIG_PATH, checkpoint_claim_name, elastic_worker, elastic_workers
 from .writes import Plan, Seen
-
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class Backend:
     plan: Callable[[Seen], Plan]
 
 
-# spec.backend -> its backend (spec.model.JOB_BACKENDS names the same).
+# spec.backend -> its backend (spec.model.JOB_BACKENDS names the same, in this order: tests/operator/test_backends.py).
 BACKENDS = {"elastic": Backend(render_elastic, plan_elastic), "pytorchjob": Backend(render_pytorchjob, plan_pytorchjob)}
 
 
