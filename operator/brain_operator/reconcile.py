@@ -4,8 +4,9 @@
 exist, rank 0's progress document (when the caller polls), the previous
 status and `now`, it returns the writes to make and the new status, a typed
 `JobStatus`; the job's backend plans its own children (backends/, one table),
-and `plan` adds what every backend shares (progress, Stalled, refusals). `apply` makes them through a ClusterClient, serialising the
-status once. `reconcile` strings the two together and is what every kopf
+and `plan` adds what every backend shares (progress, Stalled, refusals).
+`apply` makes them through a ClusterClient, serialising the status once.
+`reconcile` strings the two together and is what every kopf
 handler and the resync call, so creation, resume, spec changes, pod events
 and the resync (with its progress poll) all follow one code path, which
 writes status once per pass. The children come from the operator's watches

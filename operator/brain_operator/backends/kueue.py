@@ -40,7 +40,8 @@ def workloads(job: Job, children: Sequence[Mapping[str, Any]], client: ClusterCl
         workload
         for pytorchjob in held
         for workload in client.list_objects(
-            *WORKLOAD, job.namespace, label_selector=f"{JOB_UID_LABEL}={(pytorchjob.get('metadata') or {}).get('uid', '')}"
+            *WORKLOAD, job.namespace,
+            label_selector=f"{JOB_UID_LABEL}={(pytorchjob.get('metadata') or {}).get('uid', '')}",
         )
     ]
 

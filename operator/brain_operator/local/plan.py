@@ -254,15 +254,17 @@ def _local_config(job: Job, first: Worker, shared: Mapping[str, Path], checkpoin
                   metrics_port: int) -> TrainerConfig:
     """trainer.yaml for a local run: its paths on the local folders, rank 0's metrics on `metrics_port`."""
     # Loopback: the progress display reads it here, and nobody else on the network should.
-    config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port, metrics_address=LOOPBACK)
+    config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port,
+                            metrics_address=LOOPBACK)
     # Volumes are read and written at their local folders: data and initial weights on a mounted volume (the
-    # checkpoint claim's `/checkpoints/export/...`), TensorBoard on one (rank 0, worker 0, writes it; a relative folder is
-    # below the work directory).
+    # checkpoint claim's `/checkpoints/export/...`), TensorBoard on one (rank 0, worker 0, writes it; a relative
+    # folder is below the work directory).
     shared_mounts = {v.mount_path: shared[v.name] for v in first.container.volumes if v.name in shared}
     if config.data.path:
         config = replace(config, data=replace(config.data, path=rewrite_path(config.data.path, shared_mounts)))
     if config.model.init_from:
-        config = replace(config, model=replace(config.model, init_from=rewrite_path(config.model.init_from, shared_mounts)))
+        init_from = rewrite_path(config.model.init_from, shared_mounts)
+        config = replace(config, model=replace(config.model, init_from=init_from))
     if config.metrics.tensorboard_dir:
         metrics = replace(config.metrics, tensorboard_dir=rewrite_path(config.metrics.tensorboard_dir, shared_mounts))
         config = replace(config, metrics=metrics)

@@ -379,7 +379,7 @@ def _moved(
         # As for a Kubernetes Job: the deadline clock restarts on resume.
         start_time = None
     else:
-        # Pending and Queued included: activeDeadlineSeconds counts from here (backends/elastic/plan.py, _deadline_failure).
+        # Pending and Queued included: activeDeadlineSeconds counts from here (backends/elastic/plan.py).
         start_time = before.start_time or reported.get("startTime") or clock_start(before, created) or format_time(now)
     completion_time = out.completion_time
     if phase in TERMINAL and not completion_time:

@@ -103,7 +103,8 @@ def _view(seen: Seen) -> _Pods:
     failed_now = [existing[ref] for ref, p in live.items() if p.phase == FAILED]
     # A pod deleted for a disruption while it still runs (a lost node, an eviction, a preemption) is never Failed
     # here: its DisruptionTarget is what says it ended.
-    gone = [existing[ref] for ref, p in pods.items() if ref not in live and not p.finished and is_disruption(existing[ref])]
+    gone = [existing[ref] for ref, p in pods.items()
+            if ref not in live and not p.finished and is_disruption(existing[ref])]
     return _Pods(
         wanted={pod_view(o).index: o for o in seen.desired if (o["apiVersion"], o["kind"]) == POD},
         pods=pods,
