@@ -37,7 +37,7 @@ WATCHED_KINDS = frozenset((api_version, kind) for api_version, kind, _, _ in WAT
 # The server-side selector of every watch: objects that carry the job label at all.
 WATCH_SELECTOR = JOB_NAME_LABEL
 
-# creationTimestamp and a container's finishedAt say which group a failed pod was in (incidents.py); finalizers
+# creationTimestamp and a container's finishedAt say which group a failed pod was in (status/incidents.py); finalizers
 # say whether Kueue keeps an ended pod (schedulers.held_by_kueue).
 _METADATA = ("name", "namespace", "uid", "labels", "annotations", "deletionTimestamp", "creationTimestamp", "finalizers")
 # Of the controller's owner reference, what says whose child it is (reconcile counts only this job's uid's).

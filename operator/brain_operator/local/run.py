@@ -238,7 +238,7 @@ class _Runner:
         # The first loss and held-out loss this run saw, so the summary shows that they fell.
         self.first_loss: Optional[float] = None
         self.first_eval_loss: Optional[float] = None
-        # When the current group started, and whether it is shown as stalled (stalled.py's limits).
+        # When the current group started, and whether it is shown as stalled (status/stalled.py's limits).
         self.running_since = datetime.now(timezone.utc)
         self.stalled = False
         # Why the latest attempt failed (`reason: line`), for the summary.

@@ -374,7 +374,7 @@ class Job:
     checkpoint_request: Optional[str] = None  # the brain.ai/checkpoint-now annotation, when set
     # metadata.creationTimestamp (the API server's): where runPolicy.activeDeadlineSeconds starts counting.
     created: Optional[str] = None
-    # The apiVersion of Kubernetes' PodGroup that `gang: native` renders: the one the cluster serves (discovery.py).
+    # The apiVersion of Kubernetes' PodGroup that `gang: native` renders: the one the cluster serves (cluster/discovery.py).
     native_pod_group: str = NATIVE_POD_GROUP[0]
     # The job's NetworkPolicy admits these (the operator's setting); None: no policy is rendered.
     network: Optional[NetworkAccess] = NetworkAccess()

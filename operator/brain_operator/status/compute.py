@@ -73,11 +73,11 @@ __all__ = [
 
 # Failure reasons.
 INVALID_SPEC = "InvalidSpec"
-# A volumeClaimTemplate too small for the checkpoints (storage.py).
+# A volumeClaimTemplate too small for the checkpoints (sizing/storage.py).
 CHECKPOINT_STORAGE_TOO_SMALL = "CheckpointStorageTooSmall"
 # A spec the operator failed on while parsing or rendering it (a bug of ours): another pass fails the same way.
 INTERNAL_ERROR = "InternalError"
-# The cluster does not serve (or the operator may not use) an optional API the job needs (discovery.py).
+# The cluster does not serve (or the operator may not use) an optional API the job needs (cluster/discovery.py).
 BACKEND_UNAVAILABLE = "BackendUnavailable"
 # Reasons of a spec refused before anything ran: fixing the spec, the operator or the cluster starts the job.
 SPEC_REASONS = (INVALID_SPEC, CHECKPOINT_STORAGE_TOO_SMALL, INTERNAL_ERROR, BACKEND_UNAVAILABLE)

@@ -117,7 +117,7 @@ def _view(seen: Seen) -> _Pods:
 
 
 def _running(seen: Seen, view: _Pods) -> _PodPlan:
-    """A job that runs: each new exit judged (incidents.py), then its pods planned (`_plan_pods`)."""
+    """A job that runs: each new exit judged (status/incidents.py), then its pods planned (`_plan_pods`)."""
     job, existing, before, now = seen.job, seen.existing, seen.before, seen.now
     policy = job.spec.run_policy
     # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
@@ -127,7 +127,7 @@ def _running(seen: Seen, view: _Pods) -> _PodPlan:
     # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
     fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in view.live.items() if p.phase == FAILED}
     fates.update({ref: explain(existing[ref], policy.failure_policy) for ref in view.disrupted})
-    # Which of the new exits start an incident, and which follow one (incidents.py).
+    # Which of the new exits start an incident, and which follow one (status/incidents.py).
     judged = [ref for ref in fates if ref in view.new or ref in view.disrupted]
     step = before.progress.step if before.progress is not None else None
     found, incident = judge([_exit(existing[ref], fates[ref], now) for ref in judged],
