@@ -41,9 +41,9 @@ sys.path[:0] = [str(TESTS / "operator"), str(TESTS)]  # the fake cluster, and th
 from counting_cluster import CountingCluster, watched  # noqa: E402  (call counts; the indexes' view)
 from fake_cluster import FakeCluster, Watch  # noqa: E402  (the in-memory ClusterClient, a lagging watch)
 
-from brain_operator.expectations import Expectations  # noqa: E402
+from brain_operator.cluster.expectations import Expectations  # noqa: E402
 from brain_operator.reconcile import plan, reconcile, watched_kinds  # noqa: E402
-from brain_operator.render import render  # noqa: E402
+from brain_operator.backends import render  # noqa: E402
 from brain_operator.spec import API_VERSION, KIND, parse_job  # noqa: E402
 
 NODES = 16
@@ -156,7 +156,7 @@ def index_memory(n: int) -> tuple[int, int]:
     from kopf._core.engines.indexing import OperatorIndexer  # the structure kopf keeps an index in
 
     from brain_operator import handlers
-    from brain_operator.children import WATCHED
+    from brain_operator.cluster.children import WATCHED
 
     template_job = parse_job({**manifest(0), "metadata": {"name": "job-00000", "namespace": "team-0", "uid": "u"}})
     template = render(template_job)

@@ -182,7 +182,7 @@ def _final_uid(stage: str) -> int:
 def test_images_run_as_the_uid_their_pods_ask_for():
     import helm_python as helm
     import yaml
-    from brain_operator.render.common import RUN_AS_USER
+    from brain_operator.backends.shared.common import RUN_AS_USER
 
     assert _final_uid("trainer") == RUN_AS_USER
     with helm.Chart.load(REPO / "charts" / "brain-operator") as chart:

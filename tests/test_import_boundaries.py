@@ -36,7 +36,7 @@ IMPORT_ALL = """
 import importlib, pkgutil, sys
 import brain_operator
 names = [m.name for m in pkgutil.walk_packages(brain_operator.__path__, "brain_operator.")]
-assert "brain_operator.handlers" in names and "brain_operator.render.elastic" in names, names
+assert "brain_operator.handlers" in names and "brain_operator.backends.elastic.render" in names, names
 culprit = "-"
 for name in names:
     importlib.import_module(name)

@@ -7,7 +7,7 @@ Never imports torch: the operator image carries none. The CRD generator is
 from brain_trainer.schema import ConfigError
 from brain_trainer.version import __version__
 
-from .render import render
+from .backends import render
 from .spec import Job, OperatorDefaults, parse_job, trainer_config
 
 __all__ = ["__version__", "ConfigError", "Job", "OperatorDefaults", "parse_job", "render", "trainer_config"]

@@ -25,13 +25,13 @@ from brain_trainer.model.export_args import add_arguments as add_export_argument
 from brain_trainer.schema import ConfigError, FieldError
 
 from . import __version__
-from .local_plan import LocalRunError
+from .local.plan import LocalRunError
 from .logs import LOG_FORMATS
 from .spec import JOB_BACKENDS, OperatorDefaults, parse_job
 from .spec.overrides import apply_overrides, as_flags, attribute, parse_overrides
 from .spec.parse import IMAGE_FIELD
-from .storage import check_storage
-from .vocabulary import job_vocabulary
+from .local.dataset import job_vocabulary
+from .sizing.storage import check_storage
 
 __all__ = ["main"]
 
@@ -63,14 +63,14 @@ def _with_backend(manifest: dict[str, Any], backend: Optional[str]) -> dict[str,
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .local import run_job
+    from .local.run import run_job
 
     return run_job(job_manifest(args), base_dir=args.file.resolve().parent, workdir=args.workdir, claims=args.claims,
                    defaults=OperatorDefaults.from_env(), overrides=tuple(o.text for o in args.overrides))
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    from .local import request_checkpoint
+    from .local.run import request_checkpoint
 
     request = request_checkpoint(args.workdir)
     print(f"braintrain: checkpoint requested ({request}): the workers commit one at their next step boundary")
@@ -78,7 +78,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from .render import render
+    from .backends import render
 
     manifest = _with_backend(job_manifest(args), args.backend)
     job = parse_job(manifest, defaults=OperatorDefaults.from_env())
@@ -108,11 +108,12 @@ def _ways_to_an_image(error: FieldError) -> FieldError:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from .estimate import estimate_lines
+    from .sizing.estimate import estimate_lines
 
     job = parse_job(job_manifest(args), require_image=False, defaults=OperatorDefaults.from_env())
     # A relative data.path is the manifest folder's, as `braintrain run` reads it.
-    print("\n".join(estimate_lines(job, device_memory_gib=args.device_memory, base_dir=args.file.resolve().parent)))
+    vocabulary = job_vocabulary(job, base_dir=args.file.resolve().parent)
+    print("\n".join(estimate_lines(job, vocabulary, device_memory_gib=args.device_memory)))
     return 0
 
 

@@ -20,8 +20,8 @@ from typing import Any, Optional, Sequence
 from brain_trainer.config import kubeyaml
 from brain_trainer.schema import in_view, is_bool_or_string, key_for, openapi_schema
 
-from .job_status import JobStatus
-from .render.workers import CONFIG_DIR, CONFIG_PATH, RDZV_PORT
+from .status.job_status import JobStatus
+from .backends.shared.workers import CONFIG_DIR, CONFIG_PATH, RDZV_PORT
 from .spec import (
     API_SERVER_RULES,
     GROUP,
@@ -72,22 +72,25 @@ def status_schema() -> dict[str, Any]:
     return _with_timestamps(openapi_schema(JobStatus, camel_case=True))
 
 
+# What `kubectl get braintrainingjobs` shows (`-o wide` adds those of priority 1).
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Nodes", "type": "string", "description": "ready/desired workers", "jsonPath": ".status.nodes"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
+    {"name": "EvalLoss", "type": "number", "priority": 1, "jsonPath": ".status.progress.evalLoss"},
+    {"name": "Restarts", "type": "integer", "priority": 1, "jsonPath": ".status.restarts"},
+    {"name": "Goodput", "type": "number", "priority": 1, "description": "productive over wall time",
+     "jsonPath": ".status.goodput.ratio"},
+    {"name": "Reason", "type": "string", "priority": 1, "description": "why workers wait, or why the latest failed",
+     "jsonPath": ".status.reason"},
+    {"name": "Backend", "type": "string", "priority": 1, "jsonPath": ".spec.backend"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
 def build_crd() -> dict[str, Any]:
     """The CustomResourceDefinition, ready for `kubectl apply`."""
-    columns = [
-        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "Nodes", "type": "string", "description": "ready/desired workers", "jsonPath": ".status.nodes"},
-        {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
-        {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
-        {"name": "EvalLoss", "type": "number", "priority": 1, "jsonPath": ".status.progress.evalLoss"},
-        {"name": "Restarts", "type": "integer", "priority": 1, "jsonPath": ".status.restarts"},
-        {"name": "Goodput", "type": "number", "priority": 1, "description": "productive over wall time",
-         "jsonPath": ".status.goodput.ratio"},
-        {"name": "Reason", "type": "string", "priority": 1, "description": "why workers wait, or why the latest failed",
-         "jsonPath": ".status.reason"},
-        {"name": "Backend", "type": "string", "priority": 1, "jsonPath": ".spec.backend"},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -130,7 +133,7 @@ def build_crd() -> dict[str, Any]:
                             "labelSelectorPath": ".status.selector",
                         },
                     },
-                    "additionalPrinterColumns": columns,
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
                 }
             ],
         },

@@ -14,7 +14,7 @@ each fetch has a total deadline: a worker that answers byte by byte costs
 its own job's document, never another job's pass.
 
 Children are watched with a server-side label selector and kept in kopf
-indexes (children.py), which reconcile reads instead of listing. A pass
+indexes (cluster/children.py), which reconcile reads instead of listing. A pass
 that fails (the API server down, throttling past the client's retries) is
 tried again for that job after a short jittered backoff (`retry_forever`):
 kopf drops the errors of event handlers, and the resync is 30 s away. A
@@ -47,17 +47,17 @@ import kopf
 from brain_trainer.contract import METRICS_PORT, PROGRESS_PATH
 
 from . import __version__
-from .backoff import Backoff, JobRetries
-from .children import WATCH_SELECTOR, WATCHED, observed_child
-from .cluster import ClusterClient, KubernetesClient, Refused
-from .discovery import ServedApis
-from .expectations import Expectations
+from .cluster.backoff import Backoff, JobRetries
+from .cluster.children import WATCH_SELECTOR, WATCHED, observed_child
+from .cluster.client import ClusterClient, KubernetesClient, Refused
+from .cluster.discovery import ServedApis
+from .cluster.expectations import Expectations
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
-from .names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
-from .pods import RUNNING as POD_RUNNING
-from .progress import POLL_SECONDS
+from .objects.names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
+from .objects.pods import RUNNING as POD_RUNNING
+from .status.progress import POLL_SECONDS
 from .reconcile import Observed, deletion_deletes, deletion_events, progress_pods, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults
 
@@ -155,7 +155,7 @@ class Context:
     namespaces: tuple[str, ...] = ("",)
     # What the cluster serves of the optional APIs, as last discovered; None before the first answer.
     apis: Optional[ServedApis] = None
-    # What each job's passes created and the watches have not shown yet (expectations.py).
+    # What each job's passes created and the watches have not shown yet (cluster/expectations.py).
     expectations: Expectations = field(default_factory=Expectations)
     _jobs: set[tuple[str, str]] = field(default_factory=set)
     # Each job as its last pass left it (the status as written): what the next resync's progress ask starts from.
@@ -314,7 +314,7 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
 
 
 def discover_apis(context: Context) -> None:
-    """Learn which optional APIs the cluster serves (discovery.py); a failed ask keeps what was known."""
+    """Learn which optional APIs the cluster serves (cluster/discovery.py); a failed ask keeps what was known."""
     try:
         context.apis = context.client.discover(context.namespaces)
     except Exception:  # noqa: BLE001 - the next ask may succeed; until then jobs are judged by the last answer

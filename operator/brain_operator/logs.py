@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from .resource import API_VERSION, KIND
+from .objects.resource import API_VERSION, KIND
 
 LOG_FORMATS = ("text", "json")
 # The record attribute kopf's formatters read an object reference from (kopf's ObjectLogger sets it).

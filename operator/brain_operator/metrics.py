@@ -8,7 +8,7 @@ from typing import Iterator, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .status import PHASES
+from .status.compute import PHASES
 
 
 class OperatorMetrics:

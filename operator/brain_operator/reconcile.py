@@ -3,17 +3,19 @@
 `plan` is pure: from the parsed job, its rendered objects, the children that
 exist, rank 0's progress document (when the caller polls), the previous
 status and `now`, it returns the writes to make and the new status, a typed
-`JobStatus`. `apply` makes them through a ClusterClient, serialising the
-status once. `reconcile` strings the two together and is what every kopf
+`JobStatus`; the job's backend plans its own children (backends/, one table),
+and `plan` adds what every backend shares (progress, Stalled, refusals).
+`apply` makes them through a ClusterClient, serialising the status once.
+`reconcile` strings the two together and is what every kopf
 handler and the resync call, so creation, resume, spec changes, pod events
 and the resync (with its progress poll) all follow one code path, which
 writes status once per pass. The children come from the operator's watches
-when it has them (children.py), else, and after a Conflict, from listing them.
+when it has them (cluster/children.py), else, and after a Conflict, from listing them.
 
 The watches lag the API server, so what they show is corrected before the
 plan: a Terminating child, or a name shown twice, is read again (a DELETED
 event lost in a relist would keep the old object forever), the children this job's passes created and the
-watches do not show yet are added (expectations.py: no create is sent
+watches do not show yet are added (cluster/expectations.py: no create is sent
 twice), and only children whose controller is this job's uid count (a job
 re-created under its name waits for the old one's children to go). The
 status is written with the resourceVersion the pass planned from: a write
@@ -39,58 +41,33 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
-from typing import Any, Callable, Collection, Iterable, Mapping, Optional, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError
 
-from .accounting import still_handled, unhandled
-from .cluster import ClusterClient, Conflict, ObjectRef, Refused, controller_uid
-from .discovery import ServedApis, missing
-from .events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, overlay_refusal_event,
-                     refusal_event, worker_exit_event)
-from .expectations import Expectations
-from .failure_policy import WorkerFailure, consequence, explain, first_cause
-from .incidents import ROOT, Exit, Verdict, judge, still_open
-from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
+from .backends import Plan, Seen, checkpoint_claim_name, kueue, plan_backend, render
+from .backends.writes import POD, PYTORCHJOB, kind_of
+from .cluster.client import ClusterClient, Conflict, Refused, controller_uid
+from .cluster.discovery import ServedApis, missing
+from .cluster.expectations import Expectations
 from .logs import job_logger
-from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION, worker_pod_name
-from .on_demand import answered_events, request_events
-from .stalled import stalled_status
-from .pods import PENDING, PodView, created_at, ended_at, is_disruption, pod_view
-from .progress import progress_status, reports_progress
-from .render import KUBEFLOW_JOB_NAME_LABEL, checkpoint_claim_name, render, selector
-from .schedulers import (JOB_UID_LABEL, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL, RETRIABLE_IN_GROUP_ANNOTATION,
-                         WORKLOAD, held_by_kueue, pending_reason)
-from .spec import Job, OperatorDefaults, OverlayRefused, effective_batch_size, node_range, parse_job, resolved_strategy
-from .spec.model import FAIL_JOB, RETAIN
-from .status import (
-    BACKEND_UNAVAILABLE,
-    BACKOFF_LIMIT_EXCEEDED,
-    CHECKPOINT_STORAGE_TOO_SMALL,
-    DEADLINE_EXCEEDED,
-    INTERNAL_ERROR,
-    INVALID_SPEC,
-    Failure,
-    Observation,
-    carried_refusal,
-    clock_start,
-    elastic_status,
-    invalid_status,
-    is_terminal,
-    overlay_refused_status,
-    pytorchjob_status,
-    refused_status,
-)
-from .storage import StorageTooSmall, check_storage, unchecked_claim_event
-from .vocabulary import assumed
-from .waiting import Waiting, earlier_job, stuck_terminating, waiting
+from .objects.refs import ObjectRef
+from .sizing.storage import StorageTooSmall, check_storage, unchecked_claim_event
+from .sizing.vocabulary import assumed
+from .spec import Job, OperatorDefaults, OverlayRefused, parse_job
+from .spec.model import RETAIN
+from .status.compute import (BACKEND_UNAVAILABLE, CHECKPOINT_STORAGE_TOO_SMALL, INTERNAL_ERROR, INVALID_SPEC,
+                             carried_refusal, invalid_status, is_terminal, overlay_refused_status, refused_status)
+from .status.events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, overlay_refusal_event,
+                            refusal_event)
+from .status.job_status import VALID, JobStatus, read_status
+from .status.on_demand import answered_events, request_events
+from .status.progress import progress_status, reports_progress
+from .status.stalled import stalled_status
+from .status.waiting import earlier_job
 
-POD = ("v1", "Pod")
-CONFIG_MAP = ("v1", "ConfigMap")
-PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 # The children that carry the pod overlay: none is created while the policy refuses the overlay.
 OVERLAID = (POD, PYTORCHJOB)
 # Plans made again after a Conflict on create, each from children listed afresh.
@@ -100,17 +77,6 @@ log = logging.getLogger(__name__)
 
 # The children of one kind of one job as the watches last saw them, or None when that kind is not watched.
 Observed = Callable[[str, str, tuple[str, str]], Optional[list[dict]]]
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The writes one reconcile makes, and the status they lead to."""
-
-    status: JobStatus
-    creates: tuple[dict, ...] = ()
-    deletes: tuple[ObjectRef, ...] = ()
-    patches: tuple[tuple[ObjectRef, dict], ...] = ()
-    events: tuple[Event, ...] = ()
 
 
 def reconcile(
@@ -128,7 +94,7 @@ def reconcile(
     `expectations` (the operator's, kept across passes) remembers what each
     pass created until the watches show it.
 
-    `apis`, what the cluster was last seen to serve (discovery.py), refuses a
+    `apis`, what the cluster was last seen to serve (cluster/discovery.py), refuses a
     job that needs what is missing and picks the native PodGroup's version;
     None (no discovery yet, or a test) takes the job as it asks.
 
@@ -191,15 +157,8 @@ def _reconcile_once(
     else:
         if unavailable:
             return apply(plan_unavailable(manifest, unavailable, now), client, manifest)["status"]
-        children = []
-        for kind in watched_kinds(job, desired):
-            seen = observed(job.namespace, job.name, kind) if observed is not None else None
-            children += client.list_children(*kind, job.namespace, job.name) if seen is None else confirmed(seen, client)
-        if expectations is not None:
-            children = with_expected(children, expectations.unseen(key, children, now))
-        children += kueue_workloads(job, children, client)
-        ours, leftovers = owned(job, children)
-        if refusal is not None and not any(_kind(child) in OVERLAID for child in ours):
+        ours, leftovers = owned(job, _children(job, desired, client, now, observed, expectations, key))
+        if refusal is not None and not any(kind_of(child) in OVERLAID for child in ours):
             the_plan = plan_invalid(manifest, _errors(refusal), now)  # nothing runs the overlay: an invalid spec
         else:
             the_plan = plan(job, desired, ours, previous, now, progress, leftovers=leftovers)
@@ -214,6 +173,21 @@ def _reconcile_once(
         apply(plan_refused(the_plan.status, err, now), client, after)
         raise
     return after["status"]
+
+
+def _children(job: Job, desired: Sequence[Mapping[str, Any]], client: ClusterClient, now: datetime,
+              observed: Optional[Observed], expectations: Optional[Expectations],
+              key: tuple[str, str, str]) -> list[Mapping[str, Any]]:
+    """The job's children as this pass sees them: the watches' (confirmed) or listed, with those this job's passes
+    created and the watches do not show yet (`key` names the job in `expectations`), and the Kueue Workloads of a
+    job Kueue holds back."""
+    children: list[Mapping[str, Any]] = []
+    for kind in watched_kinds(job, desired):
+        seen = observed(job.namespace, job.name, kind) if observed is not None else None
+        children += client.list_children(*kind, job.namespace, job.name) if seen is None else confirmed(seen, client)
+    if expectations is not None:
+        children = with_expected(children, expectations.unseen(key, children, now))
+    return [*children, *kueue.workloads(job, children, client)]
 
 
 def confirmed(seen: Sequence[Mapping[str, Any]], client: ClusterClient) -> list[Mapping[str, Any]]:
@@ -270,7 +244,7 @@ def held_by_policy(the_plan: Plan, refusal: OverlayRefused, before: JobStatus, n
     The pods that run are left alone, as Pod Security Admission leaves running pods when a namespace's level
     is raised; a finished job's status stays as it was.
     """
-    creates = tuple(obj for obj in the_plan.creates if _kind(obj) not in OVERLAID)
+    creates = tuple(obj for obj in the_plan.creates if kind_of(obj) not in OVERLAID)
     if is_terminal(the_plan.status):
         return replace(the_plan, creates=creates)
     message = f"{_errors(refusal)} (running pods are left alone; none is created until the policy or the overlay changes)"
@@ -331,7 +305,7 @@ def progress_pods(
 def apply(
     the_plan: Plan, client: ClusterClient, manifest: Mapping[str, Any], created: Optional[Callable[[dict], None]] = None
 ) -> dict[str, Any]:
-    """Make the planned writes, the status first (accounting.py says why), then its events, then the children;
+    """Make the planned writes, the status first (status/accounting.py says why), then its events, then the children;
     returns the job as written (its status and resourceVersion)."""
     job = write_status(the_plan, client, manifest)
     make_writes(the_plan, client, job, created)
@@ -374,31 +348,6 @@ def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[
     return sorted({(obj["apiVersion"], obj["kind"]) for obj in desired} | {POD})
 
 
-def kueue_workloads(job: Job, children: Sequence[Mapping[str, Any]], client: ClusterClient) -> list[dict]:
-    """Kueue's Workloads for a job it holds back (none otherwise: a running job costs no call).
-
-    A plain pod group's Workload is named after the group (the job); a
-    PyTorchJob's carries the PyTorchJob's uid in JOB_UID_LABEL, and is read
-    also while the job's suspend is not yet applied to it (`_kueue_activation`).
-    """
-    if not job.spec.scheduling.queue_name:
-        return []
-    if job.spec.backend == "elastic":
-        if not _all_gated(pod_view(c) for c in children if _kind(c) == POD):
-            return []
-        return client.list_objects(*WORKLOAD, job.namespace, field_selector=f"metadata.name={job.name}")
-    noted = str(job.spec.run_policy.suspend).lower()
-    held = [c for c in children if _kind(c) == PYTORCHJOB
-            and (_kueue_holds(job, c) or _annotations(c).get(SUSPEND_ANNOTATION) != noted)]
-    return [
-        workload
-        for pytorchjob in held
-        for workload in client.list_objects(
-            *WORKLOAD, job.namespace, label_selector=f"{JOB_UID_LABEL}={(pytorchjob.get('metadata') or {}).get('uid', '')}"
-        )
-    ]
-
-
 def deletion_events(manifest: Mapping[str, Any], defaults: Optional[OperatorDefaults] = None) -> list[Event]:
     """Events for a deleted job: the checkpoint claim that outlives it, and how to resume from it or free it."""
     job = _job_of(manifest, defaults)
@@ -421,7 +370,7 @@ def deletion_deletes(manifest: Mapping[str, Any], defaults: Optional[OperatorDef
     job = _job_of(manifest, defaults)
     if job is None or job.spec.backend != "elastic" or not job.spec.scheduling.queue_name:
         return []
-    return [group_workload(job)]
+    return [kueue.group_workload(job)]
 
 
 def plan_invalid(manifest: Mapping[str, Any], message: str, now: datetime, reason: str = INVALID_SPEC) -> Plan:
@@ -450,10 +399,7 @@ def plan(
     """
     existing = {ObjectRef.of(c): c for c in children}
     before = JobStatus.read(previous)
-    if job.spec.backend == "pytorchjob":
-        the_plan = _plan_pytorchjob(job, desired, existing, before, now)
-    else:
-        the_plan = _plan_elastic(job, desired, existing, before, now, earlier_job(leftovers))
+    the_plan = plan_backend(Seen(job, desired, existing, before, now, earlier_job(leftovers)))
     if leftovers:
         the_plan = replace(the_plan, creates=())
     status = the_plan.status
@@ -471,421 +417,6 @@ def plan(
                 *answered_events(before, status), *stall_events,
                 *filter(None, [in_pod_restart_event(before, status)])),
     )
-
-
-@dataclass
-class _PodPlan:
-    """What happens to an elastic job's worker pods in one pass."""
-
-    restarts: int
-    deletes: list[ObjectRef] = field(default_factory=list)
-    creates: list[dict] = field(default_factory=list)
-    replaced: int = 0
-    failure: Optional[Failure] = None
-    cause: Optional[WorkerFailure] = None  # the handled worker failure that explains the others
-
-
-def _plan_elastic(
-    job: Job,
-    desired: Sequence[Mapping[str, Any]],
-    existing: Mapping[ObjectRef, Mapping[str, Any]],
-    before: JobStatus,
-    now: datetime,
-    leftovers: Optional[Waiting] = None,
-) -> Plan:
-    spec, policy = job.spec, job.spec.run_policy
-    # The worker pods wanted, by replica index: a pod of that index under another name (a replacement) is one.
-    wanted = {pod_view(o).index: o for o in desired if (o["apiVersion"], o["kind"]) == POD}
-    pods = {ref: pod_view(obj) for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD}
-    live = {ref: p for ref, p in pods.items() if not p.terminating}
-    # Ended pods Kueue's finalizer keeps until a replacement exists: they hold their names, not their places.
-    kept = {ref for ref in pods if held_by_kueue(existing[ref])}
-    stuck = {ref for ref in pods if stuck_terminating(existing[ref], now) or (ref in kept and pods[ref].terminating)}
-    restarts = before.restarts
-    terminal = is_terminal(before)
-    failed_now = [existing[ref] for ref, p in live.items() if p.phase == FAILED]
-    new = {ObjectRef.of(pod) for pod in unhandled(failed_now, before.handled_failures or ())}
-    # A pod deleted for a disruption while it still runs (a lost node, an eviction, a preemption) is never Failed
-    # here: its DisruptionTarget is what says it ended.
-    gone = [existing[ref] for ref, p in pods.items() if ref not in live and not p.finished and is_disruption(existing[ref])]
-    disrupted = [ObjectRef.of(pod) for pod in unhandled(gone, before.handled_failures or ())]
-    verdicts: dict[ObjectRef, Verdict] = {}
-    incident = before.incident
-    regroup: list[ObjectRef] = []
-    if terminal:
-        # Stop what still runs (a failed job's siblings); after the TTL, remove every pod.
-        expired = _ttl_expired(before, policy.ttl_seconds_after_finished, now)
-        pod_plan = _PodPlan(restarts, deletes=[ref for ref, p in live.items() if expired or not p.finished])
-    elif policy.suspend:
-        pod_plan = _PodPlan(restarts, deletes=list(live))
-    else:
-        # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
-        regroup = [ref for ref, p in live.items()
-                   if p.index in wanted and _group_size(existing[ref]) != _group_size(wanted[p.index])]
-        failure = _deadline_failure(clock_start(before, job.created), policy.active_deadline_seconds, now)
-        # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
-        fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in live.items() if p.phase == FAILED}
-        fates.update({ref: explain(existing[ref], policy.failure_policy) for ref in disrupted})
-        # Which of the new exits start an incident, and which follow one (incidents.py).
-        judged = [ref for ref in fates if ref in new or ref in disrupted]
-        step = before.progress.step if before.progress is not None else None
-        found, incident = judge([_exit(existing[ref], fates[ref], now) for ref in judged],
-                                still_open(before.incident, step), _blocked(wanted, pods, existing), step)
-        verdicts = dict(zip(judged, found))
-        incident = incident or before.incident
-        pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, verdicts, regroup, stuck, kept)
-    creates = pod_plan.creates if terminal else _missing_others(desired, existing) + pod_plan.creates
-    queued = bool(spec.scheduling.queue_name)
-    # Suspend and resize end the Kueue pod group: its Workload deleted, Kueue stops and finalizes every pod of it
-    # (kueue pkg/controller/jobframework/reconciler.go, "The workload is marked for deletion"; pod_controller.go
-    # Stop with StopReasonWorkloadDeleted then Finalize). Deleting the pods alone would leave them on the finalizer.
-    ends_group = queued and not terminal and ((policy.suspend and bool(live)) or bool(regroup))
-
-    gone = set(pod_plan.deletes)
-    # A failed pod is reported once: when it is replaced, or when it ends the job.
-    reported = [existing[ref] for ref in live if not terminal and ref in new and (ref in gone or pod_plan.failure)]
-    reported += [existing[ref] for ref in disrupted if ref in verdicts]
-    seen = Observation(
-        generation=job.generation,
-        desired=spec.nodes,
-        min_running=node_range(spec)[0],
-        pods=[p for ref, p in pods.items() if ref not in gone],
-        restarts=pod_plan.restarts,
-        replaced=pod_plan.replaced,
-        suspended=policy.suspend,
-        failure=pod_plan.failure,
-        strategy=resolved_strategy(spec),
-        effective_batch_size=effective_batch_size(job),
-        selector=selector(job),
-        queued=_kueue_reason(job, existing) if _all_gated(p for ref, p in live.items() if ref not in gone) else None,
-        cause=pod_plan.cause,
-        handled_failures=still_handled(before.handled_failures or (), [existing[ref] for ref in pods], reported),
-        waiting=None if terminal else leftovers or waiting([existing[ref] for ref in pods if ref not in gone], now),
-        created=job.created,
-        incident=incident,
-    )
-    status = elastic_status(before, seen, now)
-    return Plan(
-        status=status,
-        creates=tuple(creates),
-        deletes=(*pod_plan.deletes, *([group_workload(job)] if ends_group else [])),
-        patches=(*(() if terminal else _config_patches(desired, existing)),
-                 *(_unretriable(job, existing) if queued and status.phase == FAILED else ())),
-        events=tuple(_exit_events(before, status, reported, verdicts, policy.failure_policy)),
-    )
-
-
-def _exit(pod: Mapping[str, Any], failure: WorkerFailure, now: datetime) -> Exit:
-    return Exit(failure, created_at(pod), ended_at(pod) or now)
-
-
-def _blocked(wanted: Mapping[Optional[int], Mapping[str, Any]], pods: Mapping[ObjectRef, PodView],
-             existing: Mapping[ObjectRef, Mapping[str, Any]]) -> dict[str, str]:
-    """The job's worker pods a peer would wait for in vain (name -> why): Pending, Terminating, disrupted, or
-    wanted and missing (no pod of its index)."""
-    held = {p.index for p in pods.values()}
-    out = {obj["metadata"]["name"]: "missing" for index, obj in wanted.items() if index not in held}
-    for ref, p in pods.items():
-        if p.terminating:
-            out[p.name] = "Terminating"
-        elif p.phase == PENDING:
-            out[p.name] = PENDING
-        elif not p.finished and is_disruption(existing[ref]):
-            out[p.name] = "disrupted"
-    return out
-
-
-def _exit_events(before: JobStatus, status: JobStatus, reported: Sequence[Mapping[str, Any]],
-                 verdicts: Mapping[ObjectRef, Verdict], policy: Any) -> list[Event]:
-    """WorkerFailed for each incident's root (the events count incidents, as `restarts` does), a Normal
-    WorkerExited for each exit that followed one or waited on a peer; then the status's own events."""
-    roots = [pod for pod in reported if _role(verdicts, pod) == ROOT]
-    followers = [worker_exit_event(pod, policy, verdicts[ObjectRef.of(pod)].why) for pod in reported
-                 if _role(verdicts, pod) not in (None, ROOT)]
-    events = compute_events(before, status, roots, policy)
-    return [*events[:len(roots)], *followers, *events[len(roots):]]
-
-
-def _role(verdicts: Mapping[ObjectRef, Verdict], pod: Mapping[str, Any]) -> Optional[str]:
-    """A reported pod's verdict; one an earlier pass judged (its delete failed) is a root as it was then."""
-    verdict = verdicts.get(ObjectRef.of(pod))
-    return verdict.role if verdict is not None else ROOT
-
-
-def _plan_pods(
-    job: Job,
-    wanted: Mapping[Optional[int], Mapping[str, Any]],
-    pods: Mapping[ObjectRef, PodView],
-    live: Mapping[ObjectRef, PodView],
-    restarts: int,
-    failure: Optional[Failure],
-    fates: Mapping[ObjectRef, WorkerFailure],
-    new: Collection[ObjectRef],
-    verdicts: Mapping[ObjectRef, Verdict],
-    regroup: Sequence[ObjectRef] = (),
-    stuck: Collection[ObjectRef] = (),
-    kept: Collection[ObjectRef] = (),
-) -> _PodPlan:
-    """A running job: replace failed workers within the budget, add and remove pods to match spec.nodes.
-
-    `fates` says why each failed pod failed and what runPolicy.failurePolicy
-    does: a Restart counts against backoffLimit, a RestartNotCounted does
-    not, a FailJob ends the job. Only `new` failures (accounting.py) cost
-    anything: an earlier pass handled the others before it failed to delete
-    them. `regroup` pods are replaced too (deleted now, created once gone),
-    without counting as failures. A worker's place is held by its pod until
-    that pod is gone, unless it is `stuck` Terminating (a lost node's, or one
-    Kueue `kept`): then its replacement is created under another name
-    (`_replacement`). A failed pod Kueue `kept` keeps its name too: Kueue lets
-    it go only once that replacement exists.
-    """
-    limit = job.spec.run_policy.backoff_limit
-    surplus = [ref for ref, p in live.items() if p.index not in wanted or ref in regroup]
-    failed = [ref for ref, p in live.items() if p.index in wanted and p.phase == FAILED]
-    handling = [fates[ref] for ref in failed if ref in new]
-    counted = [ref for ref in failed if ref in new and verdicts[ref].charged]
-    # The cause named in status: this pass's root causes (a disrupted pod's included), else what its exits followed.
-    cause = first_cause([v.exit.failure for v in verdicts.values() if v.role == ROOT]) or first_cause(handling)
-    fatal = first_cause([f for f in handling if f.action == FAIL_JOB])
-    if failure is None and fatal is not None:
-        failure = Failure(fatal.condition_reason, f"worker pod {fatal.text()}; {consequence(fatal)}")
-    if failure is None and restarts + len(counted) > limit:
-        failure = Failure(
-            BACKOFF_LIMIT_EXCEEDED,
-            f"{len(counted)} worker pod(s) failed with {restarts} of runPolicy.backoffLimit={limit} "
-            f"restarts already used: {'; '.join(fates[r].text() for r in counted)}",
-        )
-    if failure is not None:
-        return _PodPlan(restarts, deletes=[ref for ref, p in live.items() if not p.finished], failure=failure,
-                        cause=cause)
-    if any(p.phase == SUCCEEDED for p in live.values()):
-        # Training is over once a worker succeeded: a new pod would wait for a rendezvous that never comes.
-        still_running = any(not p.finished for p in live.values() if p.index in wanted)
-        return _PodPlan(restarts, deletes=surplus, failure=None if still_running else _incomplete_success(live, wanted))
-    held = {p.index for ref, p in pods.items() if ref not in failed and ref not in stuck}
-    # Names that stay taken after this pass's deletions: a failed pod goes at once (it has nothing to stop), unless
-    # Kueue's finalizer keeps it.
-    taken = {ref.name for ref in pods if ref not in failed or ref in kept}
-    return _PodPlan(
-        restarts + len(counted),
-        deletes=surplus + failed,
-        creates=[_replacement(job, obj, index, taken) for index, obj in wanted.items() if index not in held],
-        replaced=len(failed),
-        cause=cause,
-    )
-
-
-def _replacement(job: Job, pod: Mapping[str, Any], index: Optional[int], taken: Collection[str]) -> dict[str, Any]:
-    """Worker `index`'s pod under its own name, or, while a pod that will not go away (a lost node's) holds that
-    name, under the first free `<job>-worker-<i>-<attempt>`: the same hostname and subdomain, so its DNS name and
-    the rendezvous endpoint stay put."""
-    name = pod["metadata"]["name"]
-    attempt = 0
-    while name in taken:
-        attempt += 1
-        name = worker_pod_name(job.name, index or 0, attempt)
-    return {**pod, "metadata": {**pod["metadata"], "name": name}}
-
-
-def group_workload(job: Job) -> ObjectRef:
-    """Kueue's Workload of the job's plain pod group, named after the group (the job; pod_controller.go
-    workloadName)."""
-    return ObjectRef(*WORKLOAD, job.namespace, job.name)
-
-
-def _unretriable(job: Job, existing: Mapping[ObjectRef, Mapping[str, Any]]) -> list[tuple[ObjectRef, dict]]:
-    """A failed job's pod group ends: each of its pods annotated retriable-in-group "false", so Kueue finishes
-    the group once none runs, releasing its quota and every pod's finalizer (pod_controller.go Finished; the
-    job reconciler's finalizeJob). The failed pods stay for their logs."""
-    return [(ref, {"metadata": {"annotations": {RETRIABLE_IN_GROUP_ANNOTATION: "false"}}})
-            for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD
-            and ((obj.get("metadata") or {}).get("labels") or {}).get(POD_GROUP_LABEL) == job.name
-            and KUEUE_POD_FINALIZER in ((obj.get("metadata") or {}).get("finalizers") or ())
-            and _annotations(obj).get(RETRIABLE_IN_GROUP_ANNOTATION) != "false"]
-
-
-def _plan_pytorchjob(
-    job: Job,
-    desired: Sequence[Mapping[str, Any]],
-    existing: Mapping[ObjectRef, Mapping[str, Any]],
-    before: JobStatus,
-    now: datetime,
-) -> Plan:
-    rendered = next(o for o in desired if (o["apiVersion"], o["kind"]) == PYTORCHJOB)
-    ref = ObjectRef.of(rendered)
-    current = existing.get(ref)
-    terminal = is_terminal(before)
-    creates = [] if terminal else _missing_others(desired, existing)
-    patches = [] if terminal else _config_patches(desired, existing)
-    if current is not None and not terminal:
-        kueue = bool(job.spec.scheduling.queue_name)
-        drift = _pytorchjob_drift(current, rendered, kueue=kueue)
-        if drift:
-            patches.append((ref, drift))
-        if kueue:
-            patches += _kueue_activation(job, current, existing)
-    status = pytorchjob_status(
-        before,
-        current,
-        generation=job.generation,
-        desired=job.spec.nodes,
-        strategy=resolved_strategy(job.spec),
-        effective_batch_size=effective_batch_size(job),
-        selector=selector(job),
-        now=now,
-        queued=_kueue_reason(job, existing) if current is not None and _kueue_holds(job, current) else None,
-        waiting=None if terminal else waiting(_kubeflow_pods(job, existing), now),
-    )
-    return Plan(
-        status=status,
-        creates=tuple(creates),
-        patches=tuple(patches),
-        events=tuple(compute_events(before, status, [])),
-    )
-
-
-def _kubeflow_pods(job: Job, existing: Mapping[ObjectRef, Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The pods the training operator made for the job's PyTorchJob (named after the job), by its own label."""
-    return [obj for ref, obj in existing.items() if (ref.api_version, ref.kind) == POD
-            and ((obj.get("metadata") or {}).get("labels") or {}).get(KUBEFLOW_JOB_NAME_LABEL) == job.name]
-
-
-def _pytorchjob_drift(current: Mapping[str, Any], rendered: Mapping[str, Any], *, kueue: bool) -> dict[str, Any]:
-    """The merge patch carrying what a user changes in flight: suspend, replica counts, the trainer.yaml digest.
-
-    With a Kueue queue, Kueue owns runPolicy.suspend (it creates the
-    PyTorchJob suspended, admits it by unsuspending, and unsuspends an
-    admitted job that anyone else suspends): the job's own suspend goes to
-    Kueue's Workload instead (`_kueue_activation`). Without one,
-    runPolicy.suspend follows it.
-    """
-    out: dict[str, Any] = {}
-    spec: dict[str, Any] = {}
-    want_suspend = (rendered["spec"].get("runPolicy") or {}).get("suspend", False)
-    have_suspend = (current.get("spec", {}).get("runPolicy") or {}).get("suspend", False)
-    noted = _annotations(rendered)[SUSPEND_ANNOTATION]
-    if not kueue and _annotations(current).get(SUSPEND_ANNOTATION) != noted:
-        out["metadata"] = {"annotations": {SUSPEND_ANNOTATION: noted}}
-    if not kueue and have_suspend != want_suspend:
-        spec["runPolicy"] = {"suspend": want_suspend}
-    have = current.get("spec", {}).get("pytorchReplicaSpecs") or {}
-    wanted = rendered["spec"]["pytorchReplicaSpecs"]
-    # A fixed-size job changing size may gain or lose its Worker role altogether.
-    replicas: dict[str, Any] = {role: None for role in have if role not in wanted}
-    for role, want in wanted.items():
-        if role not in have:
-            replicas[role] = want
-            continue
-        change: dict[str, Any] = {}
-        if have[role].get("replicas") != want["replicas"]:
-            change["replicas"] = want["replicas"]
-        digest = _annotations(want["template"])[CONFIG_HASH_ANNOTATION]
-        if _annotations(have[role].get("template") or {}).get(CONFIG_HASH_ANNOTATION) != digest:
-            # Pods the training operator creates from now on carry the new digest.
-            change["template"] = {"metadata": {"annotations": {CONFIG_HASH_ANNOTATION: digest}}}
-        if change:
-            replicas[role] = change
-    if replicas:
-        spec["pytorchReplicaSpecs"] = replicas
-    if spec:
-        out["spec"] = spec
-    return out
-
-
-def _kueue_activation(job: Job, current: Mapping[str, Any],
-                      existing: Mapping[ObjectRef, Mapping[str, Any]]) -> list[tuple[ObjectRef, dict]]:
-    """The job's suspend, applied to a queued PyTorchJob through Kueue's Workload when it changes.
-
-    Kueue un-suspends an admitted job that is suspended (kueue
-    pkg/controller/jobframework/reconciler.go, "Job admitted, unsuspending"),
-    so suspending means deactivating its Workload (`spec.active: false`:
-    Kueue evicts it, suspends the PyTorchJob and frees its quota); resuming
-    reactivates it, and Kueue queues it again. SUSPEND_ANNOTATION on the
-    PyTorchJob records the suspend last applied, so a Workload that Kueue
-    itself deactivated is never reactivated by us; with no Workload yet,
-    the next pass tries again.
-    """
-    noted = str(job.spec.run_policy.suspend).lower()
-    if _annotations(current).get(SUSPEND_ANNOTATION) == noted:
-        return []
-    uid = (current.get("metadata") or {}).get("uid")
-    workloads = [ref for ref, obj in existing.items() if (ref.api_version, ref.kind) == WORKLOAD
-                 and ((obj.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL) == uid]
-    if not workloads:
-        return []
-    active = {"spec": {"active": not job.spec.run_policy.suspend}}
-    return [*((ref, active) for ref in workloads),
-            (ObjectRef.of(current), {"metadata": {"annotations": {SUSPEND_ANNOTATION: noted}}})]
-
-
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    return (obj.get("metadata") or {}).get("annotations") or {}
-
-
-def _kind(obj: Mapping[str, Any]) -> tuple[str, str]:
-    return obj["apiVersion"], obj["kind"]
-
-
-def _config_patches(desired: Sequence[Mapping[str, Any]], existing: Mapping[ObjectRef, Mapping[str, Any]]) -> list:
-    """trainer.yaml changed by a propagated field (docs/operator.md, "Changing a running job"): patch the ConfigMap."""
-    patches = []
-    for obj in desired:
-        current = existing.get(ObjectRef.of(obj)) if _kind(obj) == CONFIG_MAP else None
-        if current is not None and current.get("data") != obj["data"]:
-            # A merge patch removes a key (a checkpoint request whose annotation went) only when it says null.
-            gone = {key: None for key in current.get("data") or {} if key not in obj["data"]}
-            patches.append((ObjectRef.of(obj), {"data": {**obj["data"], **gone}}))
-    return patches
-
-
-def _all_gated(pods: Iterable[PodView]) -> bool:
-    """Kueue holds the whole group back (after a preemption too); one gated replacement pod is a restart."""
-    waiting = [p for p in pods if not p.finished]
-    return bool(waiting) and all(p.gated for p in waiting)
-
-
-def _group_size(pod: Mapping[str, Any]) -> Optional[str]:
-    return _annotations(pod).get(POD_GROUP_COUNT_ANNOTATION)
-
-
-def _kueue_holds(job: Job, pytorchjob: Mapping[str, Any]) -> bool:
-    """A PyTorchJob suspended while its BrainTrainingJob is not: Kueue has not admitted it."""
-    suspended = (pytorchjob.get("spec", {}).get("runPolicy") or {}).get("suspend", False)
-    return bool(job.spec.scheduling.queue_name) and suspended and not job.spec.run_policy.suspend
-
-
-def _kueue_reason(job: Job, existing: Mapping[ObjectRef, Mapping[str, Any]]) -> tuple[str, str]:
-    """Kueue's own reason for holding the job back, from its Workload; a plain one until Kueue has written it."""
-    workloads = [obj for ref, obj in existing.items() if (ref.api_version, ref.kind) == WORKLOAD]
-    return pending_reason(workloads) or (
-        "WaitingForAdmission",
-        f"waiting for Kueue to admit the job in queue {job.spec.scheduling.queue_name}",
-    )
-
-
-def _missing_others(desired: Sequence[Mapping[str, Any]], existing: Mapping[ObjectRef, Any]) -> list[dict]:
-    return [dict(o) for o in desired if (o["apiVersion"], o["kind"]) != POD and ObjectRef.of(o) not in existing]
-
-
-def _deadline_failure(started: Optional[str], deadline: Optional[int], now: datetime) -> Optional[Failure]:
-    """DeadlineExceeded once `deadline` seconds passed since the clock `started` (status.clock_start)."""
-    if deadline is None or not started or now - parse_time(started) < timedelta(seconds=deadline):
-        return None
-    return Failure(DEADLINE_EXCEEDED, f"not finished runPolicy.activeDeadlineSeconds={deadline} s after it was "
-                                      f"created or resumed ({started})")
-
-
-def _ttl_expired(before: JobStatus, ttl: Optional[int], now: datetime) -> bool:
-    done = before.completion_time
-    return ttl is not None and bool(done) and now - parse_time(done) >= timedelta(seconds=ttl)
-
-
-def _incomplete_success(live: Mapping[ObjectRef, PodView], wanted: Mapping[Optional[int], Any]) -> Optional[Failure]:
-    succeeded = {p.index for p in live.values() if p.phase == SUCCEEDED}
-    missed = sorted(obj["metadata"]["name"] for index, obj in wanted.items() if index not in succeeded)
-    if not missed:
-        return None
-    return Failure("WorkersFailed", f"training ended but these workers did not succeed: {', '.join(missed)}")
 
 
 def status_patch(previous: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ NAMESPACED: Grants = {
     # kopf watches them so pod changes refresh the job's status. Every kind created is
     # also read (get) when a create meets AlreadyExists (ClusterClient.create: ours and
     # alive?), and a pod the watch shows Terminating is read again (reconcile.confirmed).
-    # A failed job's Kueue pod group ends with a patch of its pods (reconcile._unretriable).
+    # A failed job's Kueue pod group ends with a patch of its pods (backends/kueue.py, unretriable).
     ("", "pods"): frozenset({"get", "list", "watch", "create", "delete", "patch"}),
     # kopf watches them (children.py) so a child deleted by hand comes back at once;
     # reconcile creates what is missing (and lists them after a Conflict). Never deleted
@@ -42,8 +42,8 @@ NAMESPACED: Grants = {
     ("scheduling.x-k8s.io", "podgroups"): frozenset({"get", "list", "watch", "create"}),
     ("scheduling.volcano.sh", "podgroups"): frozenset({"get", "list", "watch", "create"}),
     # ClusterClient.list_objects: Kueue's Workload of a job it holds back, for its reason; patch: a queued
-    # PyTorchJob's suspend and resume (reconcile._kueue_activation, spec.active); delete: a pod group ended on
-    # suspend, resize or the job's deletion (reconcile.group_workload, deletion_deletes).
+    # PyTorchJob's suspend and resume (backends/kueue.py activation, spec.active); delete: a pod group ended on
+    # suspend, resize or the job's deletion (backends/kueue.py group_workload; reconcile.deletion_deletes).
     ("kueue.x-k8s.io", "workloads"): frozenset({"list", "patch", "delete"}),
     # kopf's handler events and ours (phase transitions, worker failures): posted only.
     # Core v1 events: kopf posts through the "v1" events resource.

@@ -9,8 +9,8 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-from brain_operator.names import JOB_NAME_LABEL
-from brain_operator.render import render
+from brain_operator.objects.names import JOB_NAME_LABEL
+from brain_operator.backends import render
 from brain_operator.spec import OperatorDefaults, OverlayPolicy, parse_job
 from brain_trainer.contract import METRICS_PATH, METRICS_PORT_NAME
 from brain_trainer.schema import ConfigError, openapi_schema, to_dict

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from brain_operator.render import render
+from brain_operator.backends import render
 from brain_operator.spec import OperatorDefaults, OverlayPolicy, parse_job
 from chart_render import REPO, only, render_objects
 from pod_security import restricted_violations

@@ -6,10 +6,10 @@ import brain_operator.handlers  # noqa: F401  (registers the kopf handlers inspe
 import kopf
 import pytest
 import yaml
-from brain_operator.children import WATCHED
-from brain_operator.cluster import ClusterClient
-from brain_operator.render import render
-from brain_operator.schedulers import GANG_MODES
+from brain_operator.cluster.children import WATCHED
+from brain_operator.cluster.client import ClusterClient
+from brain_operator.backends import render
+from brain_operator.objects.schedulers import GANG_MODES
 from brain_operator.spec import OperatorDefaults, parse_job
 from chart_render import RELEASE_NAMESPACE, REPO, render_objects
 

@@ -18,7 +18,7 @@ import torch
 import yaml
 from processes import Child, alive, start
 
-from brain_operator.local import request_checkpoint
+from brain_operator.local.run import request_checkpoint
 from brain_trainer.checkpoint import shards
 from brain_trainer.checkpoint.store import list_checkpoints
 from brain_trainer.contract import TERMINATION_LOG_ENV

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from processes import start
 
-from brain_operator.local_plan import LocalWorker, plan_local, process_env
-from brain_operator.render import render_elastic
+from brain_operator.local.plan import LocalWorker, plan_local, process_env
+from brain_operator.backends import render_elastic
 from brain_operator.spec import parse_job
 from brain_trainer.parallel.launcher import held_port
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional
 
-from brain_operator.children import WATCHED_KINDS, observed_child
+from brain_operator.cluster.children import WATCHED_KINDS, observed_child
 from brain_operator.reconcile import Observed
 
 VERBS = {

@@ -34,12 +34,13 @@ import itertools
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Optional
 
-from brain_operator.children import WATCHED_KINDS, observed_child
-from brain_operator.cluster import Conflict, ObjectRef, Refused, already_exists
-from brain_operator.discovery import OPTIONAL, ServedApis
-from brain_operator.events import Event
-from brain_operator.names import JOB_NAME_LABEL
-from brain_operator.schedulers import (ADMISSION_GATE, JOB_UID_LABEL, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION,
+from brain_operator.cluster.children import WATCHED_KINDS, observed_child
+from brain_operator.cluster.client import Conflict, Refused, already_exists
+from brain_operator.objects.refs import ObjectRef
+from brain_operator.cluster.discovery import OPTIONAL, ServedApis
+from brain_operator.status.events import Event
+from brain_operator.objects.names import JOB_NAME_LABEL
+from brain_operator.objects.schedulers import (ADMISSION_GATE, JOB_UID_LABEL, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION,
                                        POD_GROUP_LABEL, QUEUE_LABEL, QUOTA_RESERVED, RETRIABLE_IN_GROUP_ANNOTATION,
                                        WORKLOAD, gated_by_kueue)
 from brain_operator.spec import API_VERSION, KIND

@@ -2,8 +2,8 @@
 
 import pytest
 
-from brain_operator.accounting import still_handled, unhandled
-from brain_operator.backoff import Backoff, JobRetries, retry_after
+from brain_operator.status.accounting import still_handled, unhandled
+from brain_operator.cluster.backoff import Backoff, JobRetries, retry_after
 
 
 def test_waits_grow_exponentially_up_to_the_cap_and_jitter_shortens_them_by_up_to_half():

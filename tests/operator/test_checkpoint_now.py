@@ -6,9 +6,9 @@ from test_handlers import context
 from test_reconcile import NS, manifest, started, step
 
 from brain_operator import handlers
-from brain_operator.cluster import ObjectRef
-from brain_operator.job_status import JobStatus
-from brain_operator.on_demand import answered_events
+from brain_operator.objects.refs import ObjectRef
+from brain_operator.status.job_status import JobStatus
+from brain_operator.status.on_demand import answered_events
 from brain_trainer.contract import CONFIG_FILE, Progress
 from brain_trainer.observe.metrics import MetricsServer
 

@@ -13,9 +13,9 @@ from processes import run
 
 from brain_operator import __version__
 from brain_operator.cli import main
-from brain_operator.cluster import ObjectRef
-from brain_operator.local import _say, running_here
-from brain_operator.local_plan import LocalRunError
+from brain_operator.objects.refs import ObjectRef
+from brain_operator.local.run import _say, running_here
+from brain_operator.local.plan import LocalRunError
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import KIND, OperatorDefaults
 

@@ -16,13 +16,14 @@ from fake_cluster import FakeCluster, Watch
 from faulty_cluster import FaultyCluster
 from test_reconcile import NS, T0, condition, manifest, step
 
-from brain_operator.cluster import ApiUnavailable, Conflict, ObjectRef
-from brain_operator.expectations import EXPECTATIONS_TIMEOUT, Expectations
-from brain_operator.names import POD_NAME_MAX, worker_pod_name
+from brain_operator.cluster.client import ApiUnavailable, Conflict
+from brain_operator.objects.refs import ObjectRef
+from brain_operator.cluster.expectations import EXPECTATIONS_TIMEOUT, Expectations
+from brain_operator.objects.names import POD_NAME_MAX, worker_pod_name
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import API_VERSION, KIND
 from brain_operator.spec.kube import NAME_PATTERN
-from brain_operator.waiting import STUCK_TERMINATING, TERMINATING_MARGIN_SECONDS
+from brain_operator.status.waiting import STUCK_TERMINATING, TERMINATING_MARGIN_SECONDS
 from brain_trainer import contract
 
 GRACE = 300  # the worker pods' rendered terminationGracePeriodSeconds

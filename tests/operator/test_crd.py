@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from brain_operator import crd
-from brain_operator.job_status import JobStatus
-from brain_operator.progress import progress_status
+from brain_operator.status.job_status import JobStatus
+from brain_operator.status.progress import progress_status
 from brain_operator.spec import API_SERVER_RULES, TRANSITION_RULES, ConfigError, parse_job
 from brain_operator.spec.edits import immutable_fields, propagated_fields
 

@@ -10,8 +10,8 @@ import yaml
 from test_examples import _checked_objects
 
 from brain_operator.cli import main
-from brain_operator.local_plan import plan_local
-from brain_operator.render import render
+from brain_operator.local.plan import plan_local
+from brain_operator.backends import render
 from brain_operator.spec import ConfigError, parse_job
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-tokens.yaml"

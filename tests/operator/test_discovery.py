@@ -6,9 +6,9 @@ import pytest
 from fake_cluster import FakeCluster
 from test_reconcile import NS, T0, condition, manifest
 
-from brain_operator.discovery import OPTIONAL, PYTORCHJOB, ServedApis, verb
+from brain_operator.cluster.discovery import OPTIONAL, PYTORCHJOB, ServedApis, verb
 from brain_operator.reconcile import reconcile
-from brain_operator.schedulers import COSCHEDULING_POD_GROUP, VOLCANO_POD_GROUP, WORKLOAD
+from brain_operator.objects.schedulers import COSCHEDULING_POD_GROUP, VOLCANO_POD_GROUP, WORKLOAD
 
 V1ALPHA3 = ("scheduling.k8s.io/v1alpha3", "PodGroup")
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from brain_trainer.contract import Goodput, Progress
 
-from brain_operator.display import (
+from brain_operator.local.display import (
     PlainDisplay,
     RichDisplay,
     RunSummary,

@@ -2,8 +2,8 @@
 
 from dataclasses import replace
 
-from brain_operator.events import Event, compute_events, pod_exit
-from brain_operator.job_status import JobStatus
+from brain_operator.status.events import Event, compute_events, pod_exit
+from brain_operator.status.job_status import JobStatus
 from brain_trainer.contract import PREEMPTED
 
 

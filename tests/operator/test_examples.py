@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from brain_operator.crd import build_crd
-from brain_operator.estimate import host_plan, quantity_bytes
-from brain_operator.render import render
+from brain_operator.sizing.estimate import host_plan, quantity_bytes
+from brain_operator.backends import render
 from brain_operator.spec import OperatorDefaults, parse_job
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.yaml"))

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from brain_operator.failure_policy import WorkerFailure, explain, first_cause, pod_reason, policy_field
+from brain_operator.status.failure_policy import WorkerFailure, explain, first_cause, pod_reason, policy_field
 from brain_operator.spec.model import FailurePolicySpec
 from brain_trainer import contract
 

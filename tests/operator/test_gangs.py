@@ -11,7 +11,7 @@ import pytest
 import structural
 import yaml
 
-from brain_operator.render import build_pod_group, render
+from brain_operator.backends import build_pod_group, render
 from brain_operator.spec import ConfigError, parse_job
 
 UPSTREAM = Path(__file__).with_name("upstream")

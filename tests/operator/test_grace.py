@@ -1,5 +1,5 @@
 """Grace that fits a checkpoint, and a rendezvous that waits: what the worker pods, the PyTorchJob and the local
-runner are given (grace.py, render/workers.py)."""
+runner are given (sizing/grace.py, backends/shared/workers.py)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brain_operator.grace import (
+from brain_operator.sizing.grace import (
     MIN_GRACE_SECONDS,
     SHUTDOWN_MARGIN_SECONDS,
     planned_save_seconds,
     shutdown_timeout_seconds,
     termination_grace_seconds,
 )
-from brain_operator.local_plan import plan_local
-from brain_operator.render import render
+from brain_operator.local.plan import plan_local
+from brain_operator.backends import render
 from brain_operator.spec import parse_job
-from brain_operator.storage import checkpoint_size
+from brain_operator.sizing.storage import checkpoint_size
 from brain_trainer.schema import ConfigError
 
 

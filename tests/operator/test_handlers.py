@@ -20,7 +20,7 @@ from counting_cluster import CountingCluster, watched
 from fake_cluster import FakeCluster
 
 from brain_operator import handlers
-from brain_operator.cluster import KubernetesClient
+from brain_operator.cluster.client import KubernetesClient
 from brain_operator.spec import API_VERSION, KIND, PLURAL, OperatorDefaults
 from brain_trainer.contract import METRICS_PORT, Progress
 from brain_trainer.observe.metrics import MetricsServer

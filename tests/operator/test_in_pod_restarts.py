@@ -7,8 +7,8 @@ from datetime import timedelta
 from fake_cluster import FakeCluster
 from test_reconcile import NS, T0, manifest, started
 
-from brain_operator.events import in_pod_restart_event
-from brain_operator.job_status import JobStatus
+from brain_operator.status.events import in_pod_restart_event
+from brain_operator.status.job_status import JobStatus
 from brain_operator.reconcile import reconcile
 
 

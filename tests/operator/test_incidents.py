@@ -8,9 +8,9 @@ from datetime import datetime, timedelta, timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brain_operator.failure_policy import WorkerFailure, consequential
-from brain_operator.incidents import CONSEQUENCE, EXCUSED, ROOT, Exit, judge, still_open
-from brain_operator.job_status import Incident
+from brain_operator.status.failure_policy import WorkerFailure, consequential
+from brain_operator.status.incidents import CONSEQUENCE, EXCUSED, ROOT, Exit, judge, still_open
+from brain_operator.status.job_status import Incident
 from brain_operator.spec.model import FAIL_JOB, RESTART, RESTART_NOT_COUNTED
 from brain_trainer import contract
 from brain_trainer.contract import format_time

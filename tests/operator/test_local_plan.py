@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from brain_operator.local import planner
-from brain_operator.local_plan import (
+from brain_operator.local.run import planner
+from brain_operator.local.plan import (
     localize,
     plan_local,
     process_env,
     rewrite_path,
 )
-from brain_operator.render import render_elastic
+from brain_operator.backends import render_elastic
 from brain_operator.spec import parse_job, trainer_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-minimal.yaml"
@@ -212,7 +212,7 @@ def test_process_env_drops_inherited_launch_variables():
 
 
 def test_a_data_claim_without_its_folder_is_unschedulable_as_a_missing_claim_is(tmp_path):
-    from brain_operator.local_plan import missing_claim
+    from brain_operator.local.plan import missing_claim
 
     manifest = yaml.safe_load((Path(__file__).parents[2] / "deploy/examples/local-tokens.yaml").read_text())
     claims = tmp_path / "claims"
@@ -227,7 +227,7 @@ def test_a_data_claim_without_its_folder_is_unschedulable_as_a_missing_claim_is(
 
 
 def test_a_worker_whose_agent_cannot_start_is_named_with_the_kubelets_reason(tmp_path):
-    from brain_operator.local_plan import LocalWorker, not_started
+    from brain_operator.local.plan import LocalWorker, not_started
 
     worker = LocalWorker("j-worker-1", ["/no/python", "-m", "x"], {}, [], tmp_path / "t")
     line = not_started(worker, FileNotFoundError(2, "No such file or directory"))

@@ -11,7 +11,7 @@ import yaml
 from fake_cluster import FakeCluster
 
 from brain_operator.reconcile import reconcile
-from brain_operator.render import render
+from brain_operator.backends import render
 from brain_operator.spec import API_VERSION, KIND, OperatorDefaults, parse_job
 from brain_operator.spec.model import NetworkAccess
 from brain_trainer.config import TrainerConfig

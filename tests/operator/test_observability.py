@@ -5,9 +5,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from prometheus_client import generate_latest
 
-from brain_operator.job_status import JobStatus, LastCheckpoint
+from brain_operator.status.job_status import JobStatus, LastCheckpoint
 from brain_operator.metrics import OperatorMetrics
-from brain_operator.progress import progress_status
+from brain_operator.status.progress import progress_status
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 DOC = {"step": 120, "total_steps": 200, "loss": 2.123456, "tokens_per_second": 5321.77,

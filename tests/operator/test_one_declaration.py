@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from brain_operator import crd
-from brain_operator.render import build_config_map
+from brain_operator.backends import build_config_map
 from brain_operator.spec import JobSpec, parse_job, spec_to_dict
 from brain_trainer.config import CheckpointConfig, TrainerConfig
 from brain_trainer.contract import CONFIG_FILE

@@ -24,10 +24,11 @@ from fake_cluster import forbidden, invalid
 from test_handlers import NS, VERBS, Emulator, first_event, manifest, pod_named, serve_resources
 
 from brain_operator import handlers
-from brain_operator.cluster import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, ObjectRef, Refused
-from brain_operator.names import JOB_NAME_LABEL
+from brain_operator.cluster.client import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, Refused
+from brain_operator.objects.refs import ObjectRef
+from brain_operator.objects.names import JOB_NAME_LABEL
 from brain_operator.spec import API_VERSION, PLURAL, OperatorDefaults
-from brain_operator.waiting import STUCK_TERMINATING, TERMINATING_MARGIN_SECONDS
+from brain_operator.status.waiting import STUCK_TERMINATING, TERMINATING_MARGIN_SECONDS
 from brain_trainer.contract import format_time
 
 JOBS = f"/apis/{API_VERSION}/namespaces/{NS}/{PLURAL}"
@@ -139,7 +140,7 @@ def is_kopf(request):
 
 
 def is_cluster_client(request):
-    """A call of brain_operator.cluster.KubernetesClient (the kubernetes package's user agent)."""
+    """A call of brain_operator.cluster.client.KubernetesClient (the kubernetes package's user agent)."""
     return request.headers.get("User-Agent", "").startswith("OpenAPI-Generator/")
 
 

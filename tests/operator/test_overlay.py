@@ -17,7 +17,7 @@ from test_examples import _checked_objects
 from brain_operator import crd
 from brain_operator.cli import main
 from brain_operator.reconcile import reconcile
-from brain_operator.render import render
+from brain_operator.backends import render
 from brain_operator.spec import ConfigError, OperatorDefaults, OverlayPolicy, parse_job
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)

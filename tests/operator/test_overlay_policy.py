@@ -18,7 +18,7 @@ from test_overlay import manifest
 from brain_operator import handlers
 
 from brain_operator.cli import main
-from brain_operator.render import render
+from brain_operator.backends import render
 from brain_operator.spec import ConfigError, OperatorDefaults, OverlayPolicy, parse_job
 from brain_trainer.schema import camel
 

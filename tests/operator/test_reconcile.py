@@ -9,7 +9,7 @@ from fake_cluster import FakeCluster
 from brain_operator.crd import status_schema
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import API_VERSION, KIND
-from brain_operator.status import format_time
+from brain_operator.status.compute import format_time
 from brain_trainer import contract
 from brain_trainer.contract import PREEMPTED
 

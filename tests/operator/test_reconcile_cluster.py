@@ -12,7 +12,7 @@ from test_reconcile import NS, T0, condition, manifest, step
 
 from brain_operator import handlers
 from brain_operator.reconcile import deletion_events
-from brain_operator.schedulers import ADMISSION_GATE, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL
+from brain_operator.objects.schedulers import ADMISSION_GATE, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL
 from brain_operator.spec import KIND, OperatorDefaults
 
 TEMPLATE = {"volumeClaimTemplate": {"accessModes": ["ReadWriteMany"], "storage": "5Gi"}}

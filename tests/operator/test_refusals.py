@@ -20,10 +20,10 @@ from fake_cluster import FakeCluster, invalid
 from test_handlers import NS, T0, context, manifest
 
 from brain_operator import handlers, reconcile
-from brain_operator.job_status import JobStatus
+from brain_operator.status.job_status import JobStatus
 from brain_operator.spec import OperatorDefaults
 from brain_operator.spec.overlay_policy import OverlayPolicy
-from brain_operator.progress import progress_status
+from brain_operator.status.progress import progress_status
 from brain_trainer.contract import JSON_SAFE_INTEGER, METRICS_PORT, Progress
 
 # The overlay may add a capability (RDMA wants IPC_LOCK); a restricted namespace refuses the pod.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from brain_operator.render import build_worker_pod, render, render_elastic
-from brain_operator.render.workers import checkpoint_claim_name
+from brain_operator.backends import build_worker_pod, render, render_elastic
+from brain_operator.backends.shared.workers import checkpoint_claim_name
 from brain_operator.spec import parse_job, trainer_config
 from brain_trainer.config import TrainerConfig
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from kubeflow.training import ApiClient, KubeflowOrgV1PyTorchJob
 
-from brain_operator.render import render, render_pytorchjob
+from brain_operator.backends import render, render_pytorchjob
 from brain_operator.spec import parse_job
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from brain_operator.render import render
+from brain_operator.backends import render
 from brain_operator.spec import (
     JobSpec,
     OperatorDefaults,

@@ -7,7 +7,7 @@ from fake_cluster import FakeCluster
 from test_reconcile import NS, T0, manifest, started, step
 
 from brain_operator.reconcile import reconcile
-from brain_operator.stalled import report_limit
+from brain_operator.status.stalled import report_limit
 from brain_trainer.config import WatchdogConfig
 from brain_trainer.contract import Progress, format_time
 

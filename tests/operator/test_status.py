@@ -5,9 +5,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from brain_operator.job_status import JobStatus, LastCheckpoint, WorkerCounts
-from brain_operator.pods import is_disruption, pod_view
-from brain_operator.status import (
+from brain_operator.status.job_status import JobStatus, LastCheckpoint, WorkerCounts
+from brain_operator.objects.pods import is_disruption, pod_view
+from brain_operator.status.compute import (
     CONDITION_TYPES,
     Failure,
     Observation,

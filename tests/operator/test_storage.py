@@ -9,9 +9,10 @@ import yaml
 from fake_cluster import FakeCluster
 
 from brain_operator.cli import main
+from brain_operator.local.dataset import job_vocabulary
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import parse_job
-from brain_operator.storage import StorageTooSmall, check_storage, local_shortfall, room_needed
+from brain_operator.sizing.storage import StorageTooSmall, check_storage, local_shortfall, room_needed
 from brain_trainer.config.presets import preset_config, wrap_unit_params
 from brain_trainer.plan.checkpoint_size import STAGED_BYTES_PER_PARAM, preset_checkpoint_bytes
 
@@ -35,7 +36,7 @@ def test_a_checkpoint_is_the_planners_fp32_parameters_and_adamw_moments():
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_has_room_for_its_checkpoints(path):
     job = parse_job(yaml.safe_load(path.read_text()), require_image=False)
-    check_storage(job)  # raises when too small
+    check_storage(job, job_vocabulary(job))  # raises when too small
     needed, size = room_needed(job)
     assert needed == (job.spec.checkpoint.keep_last + 1) * size == (job.spec.checkpoint.keep_last + 1) * \
         preset_checkpoint_bytes(job.spec.model.preset)
@@ -44,14 +45,15 @@ def test_every_example_has_room_for_its_checkpoints(path):
 def test_a_too_small_template_is_refused_naming_the_field_and_both_figures():
     job = parse_job(minimal(volumeClaimTemplate={"accessModes": ["ReadWriteMany"], "storage": "20Mi"}), require_image=False)
     with pytest.raises(StorageTooSmall) as refused:
-        check_storage(job)
+        check_storage(job, job_vocabulary(job))
     (error,) = refused.value.errors
     assert str(error) == (
         "spec.checkpoint.volumeClaimTemplate.storage: 20Mi (21.0 MB) cannot hold (checkpoint.keepLast 2 + 1) x "
         "13.1 MB per checkpoint = 39.2 MB"
     )
     # (keepLast + 1) x the size is enough: keeping one checkpoint fits in 30Mi (31.5 MB >= 2 x 13.1 MB).
-    check_storage(parse_job(minimal(keepLast=1, volumeClaimTemplate={"storage": "30Mi"}), require_image=False))
+    job = parse_job(minimal(keepLast=1, volumeClaimTemplate={"storage": "30Mi"}), require_image=False)
+    check_storage(job, job_vocabulary(job))
 
 
 @pytest.mark.parametrize("command", ["validate", "estimate"])

@@ -12,10 +12,11 @@ from fake_cluster import FakeCluster
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from brain_operator.cli import main
-from brain_operator.estimate import estimate_lines
+from brain_operator.local.dataset import job_vocabulary
+from brain_operator.sizing.estimate import estimate_lines
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import parse_job
-from brain_operator.storage import size_text
+from brain_operator.sizing.storage import size_text
 from brain_trainer.config.presets import preset_config
 from brain_trainer.data.tokens.options import PrepareOptions
 from brain_trainer.data.tokens.prepare import prepare
@@ -85,10 +86,11 @@ def test_a_relative_data_path_is_read_from_the_manifests_folder_and_a_hand_set_s
     spec = manifest(data={"source": "tokens", "path": "data/words"})
     job = parse_job(spec, require_image=False)
     assert f"vocabulary: {VOCAB:,} ids, the tokenizer of {tmp_path}/jobs/data/words" in estimate_lines(
-        job, base_dir=tmp_path / "jobs")
-    assert estimate_lines(job, base_dir=tmp_path)[1].startswith("vocabulary: 256 ids assumed")
+        job, job_vocabulary(job, base_dir=tmp_path / "jobs"))
+    assert estimate_lines(job, job_vocabulary(job, base_dir=tmp_path))[1].startswith("vocabulary: 256 ids assumed")
     spec["spec"]["model"]["vocabSize"] = 50_000
-    lines = estimate_lines(parse_job(spec, require_image=False), base_dir=tmp_path / "jobs")
+    job = parse_job(spec, require_image=False)
+    lines = estimate_lines(job, job_vocabulary(job, base_dir=tmp_path / "jobs"))
     assert lines[0].startswith("local-tokens: preset minimal (vocabulary 50,000)")
     assert not any(line.startswith("vocabulary:") for line in lines)  # the manifest settles it: nothing to say
 
@@ -134,6 +136,7 @@ def test_the_operator_says_it_assumed_the_presets_vocabulary(vocab_size):
 def test_a_data_path_no_folder_can_have_is_assumed_away_in_a_bounded_line(path):
     data = manifest()
     data["spec"]["data"]["path"] = path
-    lines = estimate_lines(parse_job(data, require_image=False))
+    job = parse_job(data, require_image=False)
+    lines = estimate_lines(job, job_vocabulary(job))
     assert lines[1].startswith("vocabulary: 256 ids assumed, the preset's: the dataset is not reachable from here (")
     assert len(lines[1]) < 600

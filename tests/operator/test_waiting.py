@@ -7,8 +7,8 @@ import pytest
 from fake_cluster import FakeCluster
 from test_reconcile import NS, T0, condition, manifest, started, step
 
-from brain_operator.children import observed_child
-from brain_operator.waiting import CONTAINER_CREATING_SECONDS, TERMINATING_MARGIN_SECONDS, pod_waiting
+from brain_operator.cluster.children import observed_child
+from brain_operator.status.waiting import CONTAINER_CREATING_SECONDS, TERMINATING_MARGIN_SECONDS, pod_waiting
 
 IMAGE = "registry.example/brain-trainer:1"
 FIT_ERROR = "0/8 nodes are available: 8 Insufficient nvidia.com/gpu."

@@ -10,10 +10,10 @@ from fake_cluster import FakeCluster
 from test_reconcile import NS, T0
 from test_reconcile import manifest as reconcile_manifest
 
-from brain_operator.children import WATCHED_KINDS, observed_child
-from brain_operator.cluster import controller_uid
+from brain_operator.cluster.children import WATCHED_KINDS, observed_child
+from brain_operator.cluster.client import controller_uid
 from brain_operator.reconcile import plan, reconcile, watched_kinds
-from brain_operator.render import render
+from brain_operator.backends import render
 from brain_operator.spec import parse_job
 
 

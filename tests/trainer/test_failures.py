@@ -32,7 +32,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from brain_operator.reconcile import plan
-from brain_operator.render import render
+from brain_operator.backends import render
 from brain_operator.spec import parse_job
 from brain_trainer import contract
 from brain_trainer.checkpoint import CheckpointManager, TrainState, store

@@ -1,7 +1,7 @@
 """The BrainTrainingJob custom resource: typed spec, parsing, defaults, API-server rules, derived values.
 
 Pure and torch-free. The resource's identity (group, version, kind) is
-brain_operator.resource, re-exported here. Each module has one job:
+brain_operator.objects.resource, re-exported here. Each module has one job:
 
     kube         what Kubernetes accepts (name patterns, quantities, access modes)
     environment  the environment variables the operator owns
@@ -37,7 +37,7 @@ from .environment import RESERVED_ENV_KEYS, RESERVED_ENV_PREFIXES, reserved_env_
 from .model import JOB_BACKENDS, CheckpointSpec, Job, JobSpec
 from .overlay_policy import OverlayPolicy, OverlayRefused
 from .parse import parse_job
-from ..resource import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
+from ..objects.resource import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
 
 __all__ = [
     "API_SERVER_RULES",

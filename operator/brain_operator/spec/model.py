@@ -21,7 +21,7 @@ from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
 from brain_trainer.plan.layout import micro_batch_problems, micro_batches_field, spread_problems, world_problems
 from brain_trainer.schema import Names, quoted, setting
 
-from ..schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
+from ..objects.schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
 from .corev1 import core_problems, core_setting
 from .environment import NCCL_DEBUG, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, check_env
 from .kube import (
@@ -374,7 +374,7 @@ class Job:
     checkpoint_request: Optional[str] = None  # the brain.ai/checkpoint-now annotation, when set
     # metadata.creationTimestamp (the API server's): where runPolicy.activeDeadlineSeconds starts counting.
     created: Optional[str] = None
-    # The apiVersion of Kubernetes' PodGroup that `gang: native` renders: the one the cluster serves (discovery.py).
+    # The apiVersion of Kubernetes' PodGroup that `gang: native` renders: the one the cluster serves (cluster/discovery.py).
     native_pod_group: str = NATIVE_POD_GROUP[0]
     # The job's NetworkPolicy admits these (the operator's setting); None: no policy is rendered.
     network: Optional[NetworkAccess] = NetworkAccess()

@@ -5,7 +5,7 @@ PodSpec fields of corev1.POD_SPEC_FIELDS. Its `containers` are sidecars,
 except an entry named `trainer`, which adds env, envFrom, volumeMounts and
 securityContext.capabilities.add to the trainer container (on both backends).
 Everything the operator sets itself (spec/owned.py) is refused, naming the
-path; render/overlay.py merges the rest (docs/operator.md, "The pod overlay").
+path; backends/shared/overlay.py merges the rest (docs/operator.md, "The pod overlay").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the operator owns in every worker pod: volume names, mount paths, ports, containers, label prefixes.
 
-render/workers.py builds the pods from these names, and the pod overlay
+backends/shared/workers.py builds the pods from these names, and the pod overlay
 (spec/overlay.py) may not set or shadow any of them.
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from brain_trainer.contract import METRICS_PORT, METRICS_PORT_NAME
 
-from ..names import MANAGED_BY
-from ..resource import GROUP
-from ..schedulers import FOREIGN_PREFIXES
+from ..objects.names import MANAGED_BY
+from ..objects.resource import GROUP
+from ..objects.schedulers import FOREIGN_PREFIXES
 
 CONFIG_DIR = "/etc/brain"
 SHM_DIR = "/dev/shm"

@@ -8,12 +8,12 @@ from typing import Any, Mapping, Optional
 from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError, FieldError, from_dict, quoted
 
-from ..names import CHECKPOINT_NOW_ANNOTATION, worker_pod_name
+from ..objects.names import CHECKPOINT_NOW_ANNOTATION, worker_pod_name
 from .defaults import OperatorDefaults
 from .kube import DNS_LABEL_MAX, NAME_PATTERN, is_namespace
 from .model import Job, JobSpec
 from .overlay_policy import OverlayRefused, policy_problems
-from ..resource import API_VERSION, KIND
+from ..objects.resource import API_VERSION, KIND
 
 _TOP_LEVEL = ("apiVersion", "kind", "metadata", "spec", "status")
 IMAGE_FIELD = "spec.image"

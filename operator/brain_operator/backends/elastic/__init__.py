@@ -1,0 +1,1 @@
+"""The default backend: one pod per node behind a headless Service, planned and replaced by the operator itself."""

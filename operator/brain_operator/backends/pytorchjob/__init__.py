@@ -1,0 +1,1 @@
+"""The Kubeflow backend: one PyTorchJob, whose pods the training operator makes."""
