@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from brain_operator.estimate import host_plan
+from brain_operator.sizing.estimate import host_plan
 from brain_operator.spec import parse_job, trainer_config, world_size
 from brain_trainer.config import read_yaml
 from brain_trainer.plan import resolve_distributed, unplanned_strategy

@@ -14,12 +14,13 @@ OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "brain_operator"
 
 PURE = frozenset({"config", "plan", "contract", "schema", "version"})
 SHELLS = {
-    # argument parsers of `braintrain export` and `prepare`, and the commands export, prepare and doctor
-    "brain_operator.cli": {"data", "model", "resilience"},
+    # argument parsers of `braintrain export` and `prepare`, and the commands export, prepare, doctor, generate
+    # and eval (hf and inference are imported when those commands run)
+    "brain_operator.cli": {"data", "hf", "inference", "model", "resilience"},
     # `braintrain run`: the checkpoints it resumes from and sets aside, a free port for the local rendezvous
-    "brain_operator.local": {"checkpoint", "parallel"},
+    "brain_operator.local.run": {"checkpoint", "parallel"},
     # reads a token dataset's manifest (the trainer's format) for the vocabulary the trainer will give the model
-    "brain_operator.vocabulary": {"data"},
+    "brain_operator.local.dataset": {"data"},
 }
 
 
@@ -52,7 +53,7 @@ def beyond_allowed(imports: dict[str, set[str]]) -> list[str]:
 
 def test_the_operator_imports_only_the_trainers_pure_rooms_but_in_its_shells():
     imports = operator_imports()
-    assert len(imports) > 30 and imports["brain_operator.estimate"] >= {"plan"}  # the walk sees what it checks
+    assert len(imports) > 30 and imports["brain_operator.sizing.estimate"] >= {"plan"}  # the walk sees what it checks
     assert beyond_allowed(imports) == []
 
 
@@ -64,5 +65,5 @@ def test_every_shell_listed_exists_and_needs_its_rooms():
 
 def test_a_planted_import_of_the_model_from_a_renderer_is_caught():
     planted = "def build():\n    from brain_trainer.model.brain_ai import BrainAI\n    return BrainAI\n"
-    imports = {**operator_imports(), "brain_operator.render.planted": trainer_rooms(planted)}
-    assert beyond_allowed(imports) == ["brain_operator.render.planted imports brain_trainer.model"]
+    imports = {**operator_imports(), "brain_operator.backends.planted": trainer_rooms(planted)}
+    assert beyond_allowed(imports) == ["brain_operator.backends.planted imports brain_trainer.model"]
