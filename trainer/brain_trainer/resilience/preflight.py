@@ -52,7 +52,7 @@ class NetworkError(RuntimeError):
 
 
 def preflight(seconds: float, rank: int, world_size: int, device: torch.device, store: Any = None, *,
-              ranks_per_node: int = 1) -> Preflight:
+              ranks_per_node: int) -> Preflight:
     """Run the preflight on every rank; raises NetworkError when a step of it does not complete in `seconds`.
     `ranks_per_node` (the run's LOCAL_WORLD_SIZE) finds a missing rank's node."""
     store = store if store is not None else dist.distributed_c10d._get_default_store()
@@ -68,7 +68,7 @@ def preflight(seconds: float, rank: int, world_size: int, device: torch.device, 
 
 
 def run_preflight(seconds: float, rank: int, world_size: int, device: torch.device, *,
-                  ranks_per_node: int = 1) -> Optional[Preflight]:
+                  ranks_per_node: int) -> Optional[Preflight]:
     """The loop's preflight: skipped when off or alone; a failure writes the termination message and ends the process
     with network-error's code (its collective may still be pending, which a clean exit would wait on)."""
     if seconds <= 0 or world_size < 2:
