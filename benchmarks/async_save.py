@@ -78,7 +78,8 @@ def measure(args: argparse.Namespace, root: Path) -> Report:
 
     from brain_trainer.checkpoint import CheckpointManager, TrainState
     from brain_trainer.config import CheckpointConfig, ModelConfig
-    from brain_trainer.loop.train import ADAMW_BETAS, loss_fn, param_groups
+    from brain_trainer.loop.loss import loss_fn
+    from brain_trainer.loop.optimizer import ADAMW_BETAS, param_groups
     from brain_trainer.model.brain_ai import build_model
     from brain_trainer.plan import checkpoint_bytes
 

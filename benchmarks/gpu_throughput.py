@@ -119,7 +119,8 @@ def plain_step_seconds(args: argparse.Namespace, compiled: bool, device) -> floa
 
     from brain_trainer.config import ModelConfig, TrainingConfig
     from brain_trainer.data.loader import SyntheticDataset
-    from brain_trainer.loop.train import ADAMW_BETAS, autocast_context, loss_fn, param_groups
+    from brain_trainer.loop.loss import autocast_context, loss_fn
+    from brain_trainer.loop.optimizer import ADAMW_BETAS, param_groups
     from brain_trainer.model.brain_ai import build_model
     from brain_trainer.parallel.blocks import apply_block_options
 
@@ -164,7 +165,7 @@ def measure(args: argparse.Namespace) -> Report:
     from brain_trainer.config import ModelConfig
     from brain_trainer.config.model_flops import six_n_flops_per_token, training_flops_per_token
     from brain_trainer.config.presets import param_count, preset_config
-    from brain_trainer.loop.train import loss_fn
+    from brain_trainer.loop.loss import loss_fn
     from brain_trainer.model.flop_count import counted_flops_per_token
     from brain_trainer.observe.flops import mfu, peak_flops
 

@@ -6,7 +6,7 @@ The 1b preset, FSDP2 full_shard, on CPU. Side by side for each world size:
 
     whole   torch.manual_seed, BrainAI built whole on the CPU and initialised,
             then sharded (what the trainer did before meta-device init)
-    meta    the trainer's own path (train.build_and_wrap): built on the meta
+    meta    the trainer's own path (loop.wrap.build_and_wrap): built on the meta
             device, sharded, each rank allocating and filling only its shards
 
 Each rank runs alone in a fresh process with the `fake` process group (one
@@ -43,7 +43,8 @@ def child(arm: str, preset: str, world: int, rank: int) -> dict:
     from brain_trainer.parallel.fsdp import FSDPWrapper
     from brain_trainer.observe.memory_report import held_parameter_bytes
     from brain_trainer.model.brain_ai import build_model
-    from brain_trainer.loop.train import build_and_wrap
+    from brain_trainer.loop.wrap import build_and_wrap
+    from brain_trainer.parallel.run_layout import RunLayout
 
     cfg = TrainerConfig.from_dict(
         {"model": {"preset": preset}, "distributed": {"strategy": "fsdp", "fsdp_sharding": "full_shard"}}
@@ -53,7 +54,7 @@ def child(arm: str, preset: str, world: int, rank: int) -> dict:
         torch.manual_seed(cfg.training.seed)
         model = FSDPWrapper(build_model(cfg.model), cfg.distributed).setup(rank, world)
     else:
-        _, model, _ = build_and_wrap(cfg, cfg.distributed, rank, world, torch.device("cpu"))
+        _, model, _ = build_and_wrap(cfg, RunLayout.from_environment(cfg.distributed, rank, world, torch.device("cpu")))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"peak": peak, "before": before, "held": held_parameter_bytes(model)}
 

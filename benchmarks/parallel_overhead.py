@@ -41,12 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import run_ranks  # noqa: E402  (N real gloo ranks)
 
 from brain_trainer.config import DistributedConfig  # noqa: E402
-from brain_trainer.loop.train import loss_fn  # noqa: E402
+from brain_trainer.loop.loss import loss_fn  # noqa: E402
 from brain_trainer.model.brain_ai import BrainAI  # noqa: E402
 from brain_trainer.parallel.ddp import DDPWrapper  # noqa: E402
 from brain_trainer.parallel.fsdp import FSDPWrapper  # noqa: E402
 from brain_trainer.plan.layout import Layout  # noqa: E402
-from brain_trainer.parallel.pipeline import PipelineSteps, PipelineWrapper  # noqa: E402
+from brain_trainer.parallel.pipeline import PipelineWrapper  # noqa: E402
+from brain_trainer.parallel.step import StepSettings  # noqa: E402
 
 PRESET = "minimal"
 BASELINE = "ddp"
@@ -92,8 +93,8 @@ def step_seconds(parallel: Parallel, shape: Shape, rank: int, world_size: int) -
                                pipeline_parallel=parallel.pp).resolved(PRESET)
     micro_batches = parallel.micro_batches(shape)
     if parallel.pp > 1:
-        wrapper = PipelineWrapper(model, config, steps=PipelineSteps(seq_len=shape.seq_len, micro_batches=micro_batches,
-                                                                     loss_fn=loss_fn))
+        wrapper = PipelineWrapper(model, config, steps=StepSettings(seq_len=shape.seq_len, micro_batches=micro_batches,
+                                                                    loss_fn=loss_fn))
     else:
         wrapper = (DDPWrapper if parallel.strategy == "ddp" else FSDPWrapper)(model, config)
     model = wrapper.setup(rank, world_size)

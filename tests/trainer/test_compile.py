@@ -93,7 +93,7 @@ def test_a_compile_that_fails_trains_eager_with_one_warning_line(caplog):
 
 def test_training_with_compile_true_on_cpu_falls_back_and_finishes(tmp_path, monkeypatch, caplog):
     torch._dynamo.reset()
-    monkeypatch.setattr(sys.modules["brain_trainer.loop.train"], "COMPILE_BACKEND", failing_backend)
+    monkeypatch.setattr(sys.modules["brain_trainer.loop.wrap"], "COMPILE_BACKEND", failing_backend)
     cfg = TrainerConfig.from_dict({
         "model": {"preset": "minimal"},
         "training": {"steps": STEPS, "micro_batch_size": 2, "seq_len": 16, "warmup_steps": 0, "log_interval": 1,

@@ -12,7 +12,8 @@ from brain_trainer.config import ModelConfig, TrainerConfig
 from brain_trainer.config.model_flops import six_n_flops_per_token, training_flops_per_token
 from brain_trainer.config.presets import param_count, preset_config
 from brain_trainer.contract import PROGRESS_FILE_ENV, Progress
-from brain_trainer.loop.train import loss_fn, train
+from brain_trainer.loop.loss import loss_fn
+from brain_trainer.loop.train import train
 from brain_trainer.model.brain_ai import BrainAI
 from brain_trainer.model.flop_count import COUNTS, count_training_flops, counted_flops_per_token
 from brain_trainer.observe.flops import mfu, peak_flops

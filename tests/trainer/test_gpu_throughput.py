@@ -13,7 +13,7 @@ from processes import run
 from brain_trainer.config import TrainingConfig
 from brain_trainer.config.model_flops import training_flops_per_token
 from brain_trainer.config.presets import preset_config
-from brain_trainer.loop.train import loss_fn
+from brain_trainer.loop.loss import loss_fn
 from brain_trainer.model.brain_ai import BrainAI
 
 ROOT = Path(__file__).resolve().parents[2]

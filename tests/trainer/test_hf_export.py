@@ -42,7 +42,8 @@ from brain_trainer.hf.export import main as export  # noqa: E402
 from brain_trainer.inference import tokenizer_files  # noqa: E402
 from brain_trainer.inference.evaluate import EvalLayout, evaluate_checkpoint  # noqa: E402
 from brain_trainer.inference.generate import Sampling, generate_ids  # noqa: E402
-from brain_trainer.loop.train import loss_fn, train  # noqa: E402
+from brain_trainer.loop.loss import loss_fn  # noqa: E402
+from brain_trainer.loop.train import train  # noqa: E402
 from brain_trainer.model.brain_ai import BrainAI, build_model  # noqa: E402
 from brain_trainer.model.decoding import DecodingState, extend  # noqa: E402
 

@@ -23,12 +23,14 @@ from brain_trainer.checkpoint import save_model, shards, store
 from brain_trainer.config import ModelConfig, TrainerConfig
 from brain_trainer.config.presets import preset_config
 from brain_trainer.contract import CONFIG_ERROR
-from brain_trainer.loop.train import build_and_wrap, train
+from brain_trainer.loop.train import train
+from brain_trainer.loop.wrap import build_and_wrap
 from brain_trainer.hf.export import main as export_main
 from brain_trainer.model import export as exporter
 from brain_trainer.model.brain_ai import BrainAI
 from brain_trainer.model.init_from import open_source
 from brain_trainer.model.materialize import Initializer, build
+from brain_trainer.parallel.run_layout import RunLayout
 from brain_trainer.schema import ConfigError
 
 FULL_SHARD = {"strategy": "fsdp", "fsdp_sharding": "full_shard"}
@@ -62,7 +64,7 @@ def start_from(rank: int, world_size: int, sources: dict[str, str], job_b: str) 
     out = {}
     for name, path in sources.items():
         cfg = job(None, init_from=path).resolved()
-        _, model, _ = build_and_wrap(cfg, cfg.distributed, rank, world_size, torch.device("cpu"))
+        _, model, _ = build_and_wrap(cfg, RunLayout.from_environment(cfg.distributed, rank, world_size, torch.device("cpu")))
         out[name] = digests(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
     out["steps_of_b"] = train(job(job_b, init_from=sources["checkpoint"])).step
     return out if rank == 0 else None
@@ -73,7 +75,7 @@ def start_tp_from(rank: int, world_size: int, sources: dict[str, str]) -> dict |
     out = {}
     for name, path in sources.items():
         cfg = job(None, init_from=path, distributed={**FULL_SHARD, "tensor_parallel": 2}).resolved()
-        _, model, _ = build_and_wrap(cfg, cfg.distributed, rank, world_size, torch.device("cpu"))
+        _, model, _ = build_and_wrap(cfg, RunLayout.from_environment(cfg.distributed, rank, world_size, torch.device("cpu")))
         out[name] = digests(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
     return out if rank == 0 else None
 

@@ -16,12 +16,13 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from brain_trainer.config import ModelConfig, TrainerConfig
 from brain_trainer.config.presets import param_count
-from brain_trainer.loop.train import build_and_wrap
 from brain_trainer.loop.train import train
+from brain_trainer.loop.wrap import build_and_wrap
 from brain_trainer.model.brain_ai import INIT_STD, residual_out_std
 from brain_trainer.model.materialize import Initializer, build, is_meta
 from brain_trainer.model.seeded_init import flat_runs
 from brain_trainer.observe.memory_report import measure
+from brain_trainer.parallel.run_layout import RunLayout
 from brain_trainer.schema import ConfigError
 
 SEED = 7
@@ -47,7 +48,7 @@ def initial_states(rank: int, world_size: int, cases: dict) -> dict | None:
         if per_node:
             os.environ["LOCAL_WORLD_SIZE"] = str(per_node)  # hybrid_shard's node size (a spawned rank's own)
         cfg = _config(model, distributed)
-        _, wrapped, _ = build_and_wrap(cfg, cfg.distributed, rank, world_size, torch.device("cpu"))
+        _, wrapped, _ = build_and_wrap(cfg, RunLayout.from_environment(cfg.distributed, rank, world_size, torch.device("cpu")))
         full = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True))
         out[name] = _digests(full)
         if name == "fsdp":
@@ -89,7 +90,7 @@ def test_initial_weights_are_bitwise_equal_at_1_2_and_4_ranks_with_full_shard_dd
 def init_1b(rank: int, world_size: int) -> dict:
     """The trainer's model building for the 1b preset, full_shard; stops right after init."""
     cfg = _config({"preset": "1b"}, FULL_SHARD)
-    _, model, _ = build_and_wrap(cfg, cfg.distributed, rank, world_size, torch.device("cpu"))
+    _, model, _ = build_and_wrap(cfg, RunLayout.from_environment(cfg.distributed, rank, world_size, torch.device("cpu")))
     return measure(model, torch.device("cpu"), rank).as_dict()
 
 

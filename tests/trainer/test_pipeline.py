@@ -18,11 +18,14 @@ from torch.utils.data import Dataset
 from brain_trainer.config import DistributedConfig, ModelConfig, TrainerConfig
 from brain_trainer.loop.accumulation import GradientAccumulator
 from brain_trainer.loop.evaluation import Evaluator
-from brain_trainer.loop.train import build_and_wrap, check_micro_batches, loss_fn
+from brain_trainer.loop.loss import loss_fn
+from brain_trainer.loop.wrap import build_and_wrap
 from brain_trainer.model.materialize import Initializer, build
 from brain_trainer.parallel.ddp import all_reduce_weighted_mean
 from brain_trainer.plan.layout import build_layout
-from brain_trainer.parallel.pipeline import PipelineSteps, PipelineWrapper, prune
+from brain_trainer.parallel.pipeline import PipelineWrapper, prune
+from brain_trainer.parallel.run_layout import RunLayout, check_micro_batches
+from brain_trainer.parallel.step import StepSettings
 from brain_trainer.schema import ConfigError
 from harness import run_ranks
 from parity import SEQ_LEN, global_batches, minimal_model, optimizer_for, rank_slice, reference_gradients, reference_losses
@@ -63,7 +66,7 @@ def _trained(rank: int, world_size: int, schedule: str, tp: int, with_gradients:
     layout = build_layout(config, world_size, NODE)
     micro_batches = _micro_batches(config)
     wrapper = PipelineWrapper(minimal_model(), config,
-                              steps=PipelineSteps(seq_len=SEQ_LEN, micro_batches=micro_batches, loss_fn=loss_fn))
+                              steps=StepSettings(seq_len=SEQ_LEN, micro_batches=micro_batches, loss_fn=loss_fn))
     model = wrapper.setup(rank, world_size)
     optimizer = optimizer_for(model)
     clip = GradientAccumulator(1, model=model, max_grad_norm=1e9, pipeline_group=wrapper.pipeline_group)  # measures
@@ -89,7 +92,7 @@ def _initialised(rank: int, world_size: int, distributed: dict) -> dict[str, str
     cfg = TrainerConfig.from_dict({"model": {"preset": "minimal"}, "distributed": distributed,
                                    "training": {"seed": SEED, "seq_len": SEQ_LEN, "micro_batch_size": MICRO_BATCH,
                                                 "global_batch_size": 2 * MICRO_BATCH * WORLD // 2}}).resolved()
-    _, part, _ = build_and_wrap(cfg, cfg.distributed, rank, world_size, torch.device("cpu"))
+    _, part, _ = build_and_wrap(cfg, RunLayout.from_environment(cfg.distributed, rank, world_size, torch.device("cpu")))
     return _digests(get_model_state_dict(part, options=StateDictOptions(full_state_dict=True)))
 
 

@@ -28,7 +28,7 @@ RANK = textwrap.dedent("""
         while not release.exists():  # a rank stuck before the first step (a slow build, a lost node)
             time.sleep(0.05)
         os._exit(0)
-    done = run_preflight(float(sys.argv[3]), rank, 2, torch.device("cpu"))
+    done = run_preflight(float(sys.argv[3]), rank, 2, torch.device("cpu"), ranks_per_node=2)  # one node
     print(f"preflight {done.all_reduce_seconds:.3f} {done.barrier_seconds:.3f}", flush=True)
 """)
 

@@ -31,10 +31,11 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from brain_trainer import BrainAI, FSDPWrapper, TrainerConfig
 from brain_trainer.config.presets import MODEL_PRESETS, param_count, wrap_unit_params
-from brain_trainer.loop.train import loss_fn
+from brain_trainer.loop.loss import loss_fn
 from brain_trainer.plan.layout import Layout
 from brain_trainer.plan import GIB, plan_memory, resolve_distributed
-from brain_trainer.parallel.pipeline import PipelineSteps, PipelineWrapper
+from brain_trainer.parallel.pipeline import PipelineWrapper
+from brain_trainer.parallel.step import StepSettings
 from brain_trainer.plan.stages import stage_plan
 
 GPUS_PER_NODE = 8
@@ -157,7 +158,7 @@ def test_planned_pipeline_layout_holds_its_stages_within_the_planners_figure(mon
 
     with torch.device("meta"):
         model = BrainAI.from_preset("70b")
-    steps = PipelineSteps(seq_len=SEQ_LEN, micro_batches=micro_batches, loss_fn=loss_fn)
+    steps = StepSettings(seq_len=SEQ_LEN, micro_batches=micro_batches, loss_fn=loss_fn)
     # ranks are numbered pp-outermost, tp-innermost: rank = (pp_rank x dp + dp_rank) x tp + tp_rank
     examined = {(p, d, t): (p * layout.dp + d) * layout.tp + t
                 for p in range(layout.pp) for d in range(layout.dp) for t in (0, layout.tp - 1)}

@@ -33,11 +33,13 @@ from brain_trainer.data.tokens.prepare import main as prepare
 from brain_trainer.data.tokens.source import follow_vocabulary
 from brain_trainer.data.tokens.tokenizer import load_dataset_tokenizer
 from brain_trainer.loop.evaluation import Evaluator, eval_batches, rank_batches
-from brain_trainer.loop.train import build_and_wrap, train
+from brain_trainer.loop.train import train
+from brain_trainer.loop.wrap import build_and_wrap
 from brain_trainer.model.brain_ai import build_model
 from brain_trainer.model.materialize import Initializer, build
 from brain_trainer.parallel import build_layout
 from brain_trainer.parallel.pipeline import PipelineWrapper
+from brain_trainer.parallel.run_layout import RunLayout
 from brain_trainer.schema import ConfigError
 
 PACKAGES = ("json", "email")
@@ -240,7 +242,8 @@ def _evaluate(rank, world_size, cfgs):
     assert dist.is_initialized()
     results = {}
     for name, cfg in cfgs.items():
-        _, model, _ = build_and_wrap(cfg, cfg.resolved().distributed, rank, world_size, torch.device("cpu"))
+        _, model, _ = build_and_wrap(cfg, RunLayout.from_environment(cfg.resolved().distributed, rank, world_size,
+                                                                     torch.device("cpu")))
         result = _evaluator(cfg, rank, world_size)(model)
         results[name] = (result.loss, result.tokens)
     return results
@@ -251,7 +254,7 @@ def _evaluate_layout(rank, world_size, cfg):
     counted by the first tp rank of each group (of its last pipeline stage), a pipeline's micro-batches at a time."""
     dist_cfg = cfg.resolved().distributed
     layout = build_layout(dist_cfg, world_size, world_size)
-    wrapper, model, _ = build_and_wrap(cfg, dist_cfg, rank, world_size, torch.device("cpu"))
+    wrapper, model, _ = build_and_wrap(cfg, RunLayout.from_environment(dist_cfg, rank, world_size, torch.device("cpu")))
     pipeline = wrapper if isinstance(wrapper, PipelineWrapper) else None
     t = cfg.training
     evaluator = Evaluator(TokenDataset(cfg.data.path, t.seq_len, "validation"), t.micro_batch_size, t.eval_steps,

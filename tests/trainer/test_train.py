@@ -19,8 +19,10 @@ from brain_trainer.checkpoint.sample_log import SAMPLE_LOG_ENV
 from brain_trainer.config import DistributedConfig, TrainerConfig
 from brain_trainer.contract import TERMINATION_LOG_ENV, Progress, eta_seconds, format_time, parse_termination
 from brain_trainer.data.loader import ByteFileDataset, RankAwareDataLoader, SyntheticDataset
-from brain_trainer.loop.train import param_groups, resolve_strategy, train
+from brain_trainer.loop.optimizer import param_groups
+from brain_trainer.loop.train import train
 from brain_trainer.observe.progress import write_progress
+from brain_trainer.parallel.run_layout import Ranks, resolve_strategy
 from brain_trainer.schema import ConfigError
 from harness import run_ranks
 from processes import run, torchrun
@@ -157,8 +159,7 @@ def test_a_failing_loop_gives_sigterm_back_and_says_why_before_it_cleans_up(tmp_
     def broken_loader(*args, **kwargs):
         raise RuntimeError("data went away")
 
-    # import_module: the package attribute `brain_trainer.loop.train` is the function, not the module
-    monkeypatch.setattr(importlib.import_module("brain_trainer.loop.train"), "RankAwareDataLoader", broken_loader)
+    monkeypatch.setattr(importlib.import_module("brain_trainer.loop.assemble"), "RankAwareDataLoader", broken_loader)
     message = tmp_path / "termination-log"
     monkeypatch.setenv(TERMINATION_LOG_ENV, str(message))
     said_at_cleanup = []
@@ -185,9 +186,9 @@ def test_a_failing_loop_gives_sigterm_back_and_says_why_before_it_cleans_up(tmp_
 def test_single_strategy_refuses_more_than_one_rank():
     cfg = TrainerConfig.from_dict({"distributed": {"strategy": "single"}})
     with pytest.raises(ConfigError) as exc:
-        resolve_strategy(cfg, 2, torch.device("cpu"))
+        resolve_strategy(cfg, Ranks(0, 2, 2), torch.device("cpu"))
     assert exc.value.errors[0].path == "distributed.strategy" and "world size is 2" in str(exc.value)
-    assert resolve_strategy(cfg, 1, torch.device("cpu")).strategy == "single"
+    assert resolve_strategy(cfg, Ranks(0, 1, 1), torch.device("cpu")).strategy == "single"
 
 
 def test_weight_decay_only_on_matrices():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -28,11 +27,10 @@ from ..data.errors import DataError
 from ..data.tokens.dataset import TokenDataset
 from ..data.tokens.source import follow_vocabulary
 from ..loop.evaluation import EvalResult, Evaluator
-from ..loop.train import autocast_context, build_and_wrap, resolve_strategy
+from ..loop.wrap import build_and_wrap
 from ..parallel.ddp import ensure_process_group, use_local_device
-from ..parallel.launcher import DistributedLauncher, env_int
-from ..plan.layout import build_layout
-from ..parallel.pipeline import PipelineWrapper
+from ..parallel.launcher import DistributedLauncher
+from ..parallel.run_layout import Ranks, RunLayout
 from ..schema import ConfigError
 from .eval_args import add_arguments
 from .loading import LoadError, origin
@@ -87,22 +85,19 @@ def eval_config(checkpoint: Path, manifest: dict[str, Any], data: Path, seq_len:
 
 def _evaluate_rank(job: tuple[TrainerConfig, TokenDataset]) -> EvalResult:
     cfg, dataset = job
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    ranks = Ranks.from_environment()
     device = use_local_device()
     with contextlib.ExitStack() as cleanup:
-        if ensure_process_group(cfg.distributed, rank, world_size):
+        if ensure_process_group(cfg.distributed, ranks.rank, ranks.world_size):
             cleanup.callback(dist.destroy_process_group)
-        dist_cfg = resolve_strategy(cfg, world_size, device)
-        layout = build_layout(dist_cfg, world_size, env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size))
-        wrapper, model, _ = build_and_wrap(cfg, dist_cfg, rank, world_size, device)
-        pipeline = wrapper if isinstance(wrapper, PipelineWrapper) else None
-        # as the loop builds it (loop/train.py), over every window: the split's windows in micro-batches
+        layout = RunLayout.resolved(cfg, ranks, device)
+        wrapper, model, _ = build_and_wrap(cfg, layout)
+        # as the loop builds it (loop/assemble.py), over every window: the split's windows in micro-batches
         evaluator = Evaluator(
-            dataset, cfg.training.micro_batch_size, len(dataset), layout.dp_rank(rank), layout.dp, device,
-            functools.partial(autocast_context, dist_cfg.mixed_precision_policy, device),
-            counts=layout.tp_rank(rank) == 0 and (pipeline is None or pipeline.holds_last),
-            micro_batches=pipeline.steps.micro_batches if pipeline else 1)
-        return evaluator(model, forward=pipeline.logits if pipeline else None)
+            dataset, cfg.training.micro_batch_size, len(dataset), layout.dp_rank, layout.layout.dp, device,
+            wrapper.steps.autocast, counts=layout.layout.tp_rank(ranks.rank) == 0 and wrapper.holds_last,
+            micro_batches=wrapper.micro_batches_per_pass)
+        return evaluator(model, forward=wrapper.logits)
 
 
 def evaluate(cfg: TrainerConfig) -> EvalResult:

@@ -1,11 +1,14 @@
 """Gradient accumulation: k micro-steps, one optimizer step, one gradient sync.
 
-The training loop drives it like this (forward *inside* the context, since
-DDP decides at forward time whether the coming backward syncs):
+Driven like this (forward *inside* the context, since DDP decides at forward
+time whether the coming backward syncs):
 
     with acc.sync_context(micro_idx):
         loss = loss_fn(model(x), y)
         stepped = acc.step(loss, optimizer, micro_idx)
+
+The training loop splits `step` in two: the wrapper's `train_step` runs the
+window's micro-steps (`sync_context`, `backward`), the loop then `apply`s.
 """
 
 from __future__ import annotations
@@ -83,14 +86,19 @@ class GradientAccumulator:
     def step(self, loss: Tensor, optimizer: Optimizer, step_idx: int) -> bool:
         """Backward this micro-step; on a boundary, clip and step. Returns True when it stepped."""
         boundary = self.is_boundary(step_idx)
-        scaled = loss / self.accumulation_steps
-        if self.scaler is not None:
-            scaled = self.scaler.scale(scaled)
-        scaled.backward()
+        self.backward(loss)
         if not boundary:
             return False
         self.apply(optimizer)
         return True
+
+    def backward(self, loss: Tensor) -> None:
+        """Backward of one micro-step's loss, scaled by 1/k (and by the fp16 loss scale): the gradients add up to the
+        mean over the window."""
+        scaled = loss / self.accumulation_steps
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
 
     def apply(self, optimizer: Optimizer) -> None:
         """Clip the gradients in place and step the optimizer, then clear them (the end of `step` on a boundary;

@@ -1,5 +1,5 @@
-"""What each rank holds once its model is initialised (one log line per rank, gauges on rank 0's /metrics), and
-what an out-of-memory failure says (the planner's estimate beside what was available)."""
+"""What each rank holds once its model is initialised (one log line per rank, gauges on rank 0's /metrics), its peak
+memory while training, and what an out-of-memory failure says (the planner's estimate beside what was available)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,13 @@ class InitMemory:
 def peak_host_bytes() -> int:
     """Peak resident set of this process (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak accelerator memory of this rank; on CPU, the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return peak_host_bytes()
 
 
 def held_parameter_bytes(model: nn.Module) -> int:

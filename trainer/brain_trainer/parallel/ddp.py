@@ -2,7 +2,11 @@
 
 The wrappers share one interface (the seed's contract): `setup(rank,
 world_size)` returns the model to train, `all_reduce_metrics` averages over
-ranks, `cleanup` leaves the process group as it found it.
+ranks, `cleanup` leaves the process group as it found it. The loop drives
+every wrapper alike: `train_step` (one optimizer step's forward and backward
+passes), `logits` (evaluation's forward), `all_reduce_loss` (the logged
+loss). A wrapper takes the run's layout (`run_layout.RunLayout`) when the loop
+built one, else builds its own in setup.
 """
 
 from __future__ import annotations
@@ -10,15 +14,17 @@ from __future__ import annotations
 import logging
 import os
 from datetime import timedelta
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import DistributedConfig
 from .blocks import Backend, apply_block_options, block_names, checkpointed_blocks
+from .run_layout import RunLayout
+from .step import Accumulates, Batch, StepSettings
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +85,18 @@ class ProcessGroupUser:
 
     The config's unset fields are resolved (`DistributedConfig.resolved`):
     the wrappers always see concrete settings. `compile_backend` compiles
-    every block with torch.compile (None: not compiled).
+    every block with torch.compile (None: not compiled). `run_layout`: the
+    run's layout, built once by the loop (None: setup builds it from the
+    environment). `steps`: what `train_step` runs under.
     """
 
-    def __init__(self, config: DistributedConfig, *, compile_backend: Optional[Backend] = None):
+    def __init__(self, config: DistributedConfig, *, compile_backend: Optional[Backend] = None,
+                 run_layout: Optional[RunLayout] = None, steps: Optional[StepSettings] = None):
         self.config = config.resolved()
         self.compile_backend = compile_backend
+        self.run_layout = run_layout
+        self.steps = steps
+        self.trained: Optional[nn.Module] = None  # what setup returned: the module a step runs
         self._owns_group = False
 
     def checkpointed_blocks(self, model: nn.Module) -> tuple[str, ...]:
@@ -97,8 +109,69 @@ class ProcessGroupUser:
         """Activation checkpointing and torch.compile per block, before the model is wrapped."""
         apply_block_options(model, self.checkpointed_blocks(model), self.compile_backend)
 
-    def join_process_group(self, rank: int, world_size: int) -> None:
+    def join_process_group(self, rank: int, world_size: int) -> RunLayout:
+        """Join the default process group; returns the run's layout: the one given, else this process's."""
         self._owns_group = ensure_process_group(self.config, rank, world_size) or self._owns_group
+        if self.run_layout is None:
+            self.run_layout = RunLayout.from_environment(self.config, rank, world_size, use_local_device())
+        elif (self.run_layout.rank, self.run_layout.world_size) != (rank, world_size):
+            raise ValueError(f"setup(rank={rank}, world_size={world_size}) disagrees with the run's layout "
+                             f"(rank {self.run_layout.rank} of {self.run_layout.world_size})")
+        return self.run_layout
+
+    def ready(self, module: nn.Module) -> nn.Module:
+        """The end of setup: `module` is what the steps run."""
+        self.trained = module
+        return module
+
+    @property
+    def pipeline_group(self) -> Optional[dist.ProcessGroup]:
+        """The ranks holding the other stages of this rank's model (None: every rank holds every stage)."""
+        return None
+
+    @property
+    def holds_last(self) -> bool:
+        """Whether this rank computes the model's logits (under a pipeline, only the last stage's ranks)."""
+        return True
+
+    @property
+    def micro_batches_per_pass(self) -> int:
+        """Micro-batches one forward pass takes (a pipeline's schedule runs a step's at once)."""
+        return 1
+
+    def train_step(self, batches: Iterator[Batch], accumulator: Accumulates, losses: Tensor) -> int:
+        """Forward and backward of one optimizer step's micro-batches from `batches`, one at a time, the gradients
+        synchronised on the last (`accumulator.sync_context`) and left in the parameters for the optimizer. Adds
+        each micro-batch's loss to `losses` (a running sum on the device); returns how many it added."""
+        steps, module, device = self._require_steps(), self._require_trained(), self.run_layout.device
+        for micro_idx in range(accumulator.accumulation_steps):
+            x, y = next(batches)
+            x = x.to(device, non_blocking=True)
+            y = y.to(device, non_blocking=True)
+            with accumulator.sync_context(micro_idx):
+                with steps.autocast():
+                    loss = steps.loss_fn(module(x), y)
+                accumulator.backward(loss)
+            losses += loss.detach()
+        return accumulator.accumulation_steps
+
+    def logits(self, x: Tensor, y: Tensor) -> Optional[Tensor]:
+        """Evaluation's forward pass of tokens `x` (targets `y`): the logits, or None where this rank has none."""
+        return self._require_trained()(x)
+
+    def all_reduce_loss(self, total: float, count: int) -> float:
+        """The logged loss: the mean of each rank's mean over its `count` micro-batches (every rank has as many)."""
+        return self.all_reduce_metrics({"loss": total / count})["loss"]
+
+    def _require_steps(self) -> StepSettings:
+        if self.steps is None:
+            raise RuntimeError(f"{type(self).__name__}.train_step needs the step settings (steps=StepSettings(...))")
+        return self.steps
+
+    def _require_trained(self) -> nn.Module:
+        if self.trained is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() must run first")
+        return self.trained
 
     def cleanup(self) -> None:
         if self._owns_group and dist.is_initialized():
@@ -131,28 +204,29 @@ def place(model: nn.Module, device: torch.device, materialize: Optional[Material
 class SingleDeviceWrapper(ProcessGroupUser):
     """strategy single: one process trains the model on its device, unwrapped."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[Backend] = None):
-        super().__init__(config, compile_backend=compile_backend)
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[Backend] = None,
+                 run_layout: Optional[RunLayout] = None, steps: Optional[StepSettings] = None):
+        super().__init__(config, compile_backend=compile_backend, run_layout=run_layout, steps=steps)
         self.model = model
 
     def setup(self, rank: int, world_size: int, *, materialize: Optional[Materialize] = None) -> nn.Module:
-        self.join_process_group(rank, world_size)
+        run = self.join_process_group(rank, world_size)
         self.prepare_blocks(self.model)
-        return place(self.model, use_local_device(), materialize)
+        return self.ready(place(self.model, run.device, materialize))
 
 
 class DDPWrapper(ProcessGroupUser):
     """Places the model on this rank's device and wraps it in DDP."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[Backend] = None):
-        super().__init__(config, compile_backend=compile_backend)
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[Backend] = None,
+                 run_layout: Optional[RunLayout] = None, steps: Optional[StepSettings] = None):
+        super().__init__(config, compile_backend=compile_backend, run_layout=run_layout, steps=steps)
         self.model = model
         self.wrapped: Optional[DistributedDataParallel] = None
 
     def setup(self, rank: int, world_size: int, *, materialize: Optional[Materialize] = None) -> nn.Module:
         """Wrap in DDP; a meta-built model is materialised and initialised first (`materialize`)."""
-        self.join_process_group(rank, world_size)
-        device = use_local_device()
+        device = self.join_process_group(rank, world_size).device
         self.prepare_blocks(self.model)
         model = self.sync_batchnorm(place(self.model, device, materialize), device)
         self.wrapped = DistributedDataParallel(
@@ -160,7 +234,7 @@ class DDPWrapper(ProcessGroupUser):
             device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=self.config.find_unused_parameters,
         )
-        return self.wrapped
+        return self.ready(self.wrapped)
 
 
 def all_reduce_mean(metrics: dict[str, float]) -> dict[str, float]:

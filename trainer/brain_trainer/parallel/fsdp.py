@@ -18,31 +18,29 @@ Strategies, as FSDP2 expresses them (torch 2.13):
 
 With distributed.tensor_parallel = tp > 1 the mesh gains a last dimension
 "tp" (tp ranks, consecutive); the blocks are split over it first (tensor.py),
-and the mesh above is built over world_size / tp data-parallel ranks.
+and the mesh above is built over world_size / tp data-parallel ranks. The
+mesh is the run's (`run_layout.RunLayout.mesh`), built once.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.optim import Optimizer
 
 from .. import checkpoint as checkpoints
 from ..config import DistributedConfig
 from .blocks import Backend
-from .ddp import Materialize, ProcessGroupUser, use_local_device
-from .launcher import env_int
-from ..plan.layout import build_layout
+from .ddp import Materialize, ProcessGroupUser
+from .run_layout import RunLayout, local_world_size, mesh_shape
+from .step import StepSettings
 from .tensor import apply_tensor_parallel
-
-TP_DIM = "tp"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -65,23 +63,6 @@ class ShardingPolicy:
     def shard_size(self) -> int:
         """Ranks one parameter is split over."""
         return self.mesh_shape[-1]
-
-
-def mesh_shape(sharding: str, world_size: int, local_world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The device mesh (shape, dimension names) for a sharding strategy."""
-    if world_size < 1:
-        raise ValueError(f"world_size: must be >= 1, got {world_size}")
-    if sharding in ("full_shard", "shard_grad_op"):
-        return (world_size,), ("shard",)
-    if sharding == "no_shard":
-        return (world_size, 1), ("replicate", "shard")
-    if sharding == "hybrid_shard":
-        if local_world_size < 1 or world_size % local_world_size:
-            raise ValueError(
-                f"LOCAL_WORLD_SIZE: hybrid_shard needs a divisor of world size {world_size}, got {local_world_size}"
-            )
-        return (world_size // local_world_size, local_world_size), ("replicate", "shard")
-    raise ValueError(f"distributed.fsdp_sharding: unknown strategy {sharding!r}")
 
 
 def unit_names(model: nn.Module) -> tuple[str, ...]:
@@ -140,8 +121,9 @@ def _offload_policy(policy: ShardingPolicy) -> OffloadPolicy:
 class FSDPWrapper(ProcessGroupUser):
     """Shards a model over the ranks with FSDP2."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[Backend] = None):
-        super().__init__(config, compile_backend=compile_backend)
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, compile_backend: Optional[Backend] = None,
+                 run_layout: Optional[RunLayout] = None, steps: Optional[StepSettings] = None):
+        super().__init__(config, compile_backend=compile_backend, run_layout=run_layout, steps=steps)
         self.model = model
         self.wrapped: Optional[FSDPModule] = None
         self.mesh: Optional[DeviceMesh] = None
@@ -149,21 +131,16 @@ class FSDPWrapper(ProcessGroupUser):
     def setup(self, rank: int, world_size: int, *, materialize: Optional[Materialize] = None) -> nn.Module:
         """Shard in place. A model built on the meta device is then materialised and initialised by
         `materialize`: each rank allocates and fills only its own shards (without it, it stays on meta)."""
-        self.join_process_group(rank, world_size)
-        device = use_local_device()
+        run = self.join_process_group(rank, world_size)
+        device = run.device
         self.model = self.sync_batchnorm(self.model, device)
         policy = self.get_sharding_policy(world_size)
-        if policy.tensor_parallel == 1:
-            dp_mesh = self.mesh = init_device_mesh(device.type, policy.mesh_shape, mesh_dim_names=policy.mesh_dim_names)
-        else:
-            build_layout(self.config, world_size, env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size))
-            self.mesh = init_device_mesh(device.type, (*policy.mesh_shape, policy.tensor_parallel),
-                                         mesh_dim_names=(*policy.mesh_dim_names, TP_DIM))
-            dp_mesh = self.mesh[policy.mesh_dim_names]
-            apply_tensor_parallel(self.model, self.mesh[TP_DIM])
+        self.mesh = run.mesh
+        if policy.tensor_parallel > 1:
+            apply_tensor_parallel(self.model, run.tp_mesh)
         self.prepare_blocks(self.model)
         modules = dict(self.model.named_modules())
-        options = shard_options(policy, dp_mesh)
+        options = shard_options(policy, run.dp_mesh)
         for name in policy.units:
             fully_shard(modules[name], reshard_after_forward=policy.reshard_after_forward, **options)
         # None lets FSDP keep the root gathered after forward: backward needs it first anyway.
@@ -171,7 +148,7 @@ class FSDPWrapper(ProcessGroupUser):
         if materialize is not None:
             # With CPU offload the sharded states live in host memory.
             materialize(self.wrapped, torch.device("cpu") if policy.cpu_offload else device)
-        return self.wrapped
+        return self.ready(self.wrapped)
 
     def get_sharding_policy(self, world_size: Optional[int] = None) -> ShardingPolicy:
         """The policy for `world_size` ranks (default: the process group's), as setup applies it."""
@@ -179,9 +156,9 @@ class FSDPWrapper(ProcessGroupUser):
             if not dist.is_initialized():
                 raise RuntimeError("get_sharding_policy() needs world_size= or an initialised process group")
             world_size = dist.get_world_size()
-        local_world_size = env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size)
+        ranks_per_node = self.run_layout.ranks.local_world_size if self.run_layout else local_world_size(world_size)
         return sharding_policy(
-            self.config, unit_names(self.model), world_size, local_world_size, self.checkpointed_blocks(self.model)
+            self.config, unit_names(self.model), world_size, ranks_per_node, self.checkpointed_blocks(self.model)
         )
 
     def save_distributed_checkpoint(self, path: str, *, optimizer: Optional[Optimizer] = None) -> None:

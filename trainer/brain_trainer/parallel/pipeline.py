@@ -14,9 +14,9 @@ checkpointing and compile per block, `fully_shard` per unit over the
 data-parallel dimensions, then the stage module (`StageModule`) as the root:
 the root is what `PipelineStage` calls, so FSDP2's lazy initialisation runs and
 the stage's gradient sync waits for the last micro-batch (PipelineStage
-handles an FSDPModule so). The mesh is ("pp", dp..., "tp"), pp outermost as
-`Layout` numbers the ranks; the stages' activations and gradients travel
-point to point on its "pp" dimension.
+handles an FSDPModule so). The mesh is the run's ("pp", dp..., "tp",
+`run_layout.RunLayout.mesh`), pp outermost as `Layout` numbers the ranks; the
+stages' activations and gradients travel point to point on its "pp" dimension.
 
 One optimizer step is one schedule step over the step's micro-batches: the
 schedule splits the concatenated batch again, and divides the accumulated
@@ -27,14 +27,12 @@ over the global batch, as without a pipeline.
 from __future__ import annotations
 
 import contextlib
-import os
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
@@ -43,27 +41,15 @@ from ..config.presets import BrainAIConfig
 from ..config.sections import INTERLEAVED
 from ..schema import ConfigError, FieldError
 from .blocks import Backend, apply_block_options
-from .ddp import Materialize, ProcessGroupUser, use_local_device
-from .fsdp import TP_DIM, shard_options, sharding_policy
-from .launcher import env_int
-from ..plan.layout import Layout, build_layout
+from .ddp import Materialize, ProcessGroupUser, all_reduce_weighted_mean
+from .fsdp import shard_options, sharding_policy
+from ..plan.layout import Layout
+from .run_layout import RunLayout
 from ..plan.stages import Stage, stage_plan
+from .step import Accumulates, Batch, StepSettings
 from .tensor import apply_tensor_parallel
 
-PP_DIM = "pp"
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, INTERLEAVED: ScheduleInterleaved1F1B}
-
-Loss = Callable[[Tensor, Tensor], Tensor]
-
-
-@dataclass(frozen=True)
-class PipelineSteps:
-    """What the pipeline needs from the training settings."""
-
-    seq_len: int  # the stages are balanced for it (attention's cost grows with it)
-    micro_batches: int  # per optimizer step: the gradient accumulation steps
-    loss_fn: Loss  # the mean loss of one micro-batch (the schedule averages over micro-batches)
-    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
 class StageModule(nn.Module):
@@ -93,11 +79,10 @@ def prune(model: nn.Module, names: list[str]) -> None:
 class PipelineWrapper(ProcessGroupUser):
     """Runs this rank's stages of BrainAI in a pipeline schedule, each stage sharded by FSDP2 (and split by TP)."""
 
-    def __init__(self, model: nn.Module, config: DistributedConfig, *, steps: PipelineSteps,
-                 compile_backend: Optional[Backend] = None):
-        super().__init__(config, compile_backend=compile_backend)
+    def __init__(self, model: nn.Module, config: DistributedConfig, *, steps: StepSettings,
+                 compile_backend: Optional[Backend] = None, run_layout: Optional[RunLayout] = None):
+        super().__init__(config, compile_backend=compile_backend, run_layout=run_layout, steps=steps)
         self.model = model
-        self.steps = steps
         self.layout: Optional[Layout] = None
         self.mesh: Optional[DeviceMesh] = None
         self.stages: list[Stage] = []  # this rank's, in forward order
@@ -109,7 +94,12 @@ class PipelineWrapper(ProcessGroupUser):
     @property
     def pipeline_group(self) -> dist.ProcessGroup:
         """The ranks of this rank's pipeline: one per stage group, all holding this rank's dp and tp coordinates."""
-        return self._require_setup().get_group(PP_DIM)
+        self._require_setup()
+        return self.run_layout.pp_group
+
+    @property
+    def micro_batches_per_pass(self) -> int:
+        return self.steps.micro_batches
 
     @property
     def holds_first(self) -> bool:
@@ -122,10 +112,9 @@ class PipelineWrapper(ProcessGroupUser):
     def setup(self, rank: int, world_size: int, *, materialize: Optional[Materialize] = None) -> nn.Module:
         """Cut, split and shard in place; returns this rank's model part (the BrainAI holding only its stages'
         units), materialised and initialised by `materialize` when given (else it stays on meta)."""
-        self.join_process_group(rank, world_size)
-        device = use_local_device()
-        local_world_size = env_int(os.environ, "LOCAL_WORLD_SIZE", default=world_size)
-        layout = self.layout = build_layout(self.config, world_size, local_world_size)
+        run = self.join_process_group(rank, world_size)
+        device, layout = run.device, run.layout
+        self.layout = layout
         cfg = getattr(self.model, "cfg", None)
         if not isinstance(cfg, BrainAIConfig):
             raise ConfigError([FieldError("distributed.pipeline_parallel",
@@ -138,15 +127,13 @@ class PipelineWrapper(ProcessGroupUser):
         kept = [name for stage in self.stages for name in stage.names]
         prune(self.model, [unit.name for stage in plan for unit in stage.units if unit.name not in kept])
 
-        policy = sharding_policy(self.config, tuple(kept), world_size // layout.pp, local_world_size,
+        policy = sharding_policy(self.config, tuple(kept), world_size // layout.pp, run.ranks.local_world_size,
                                  tuple(name for name in checkpointed if name in kept))
-        tp_dim = ((layout.tp,), (TP_DIM,)) if layout.tp > 1 else ((), ())
-        self.mesh = init_device_mesh(device.type, (layout.pp, *policy.mesh_shape, *tp_dim[0]),
-                                     mesh_dim_names=(PP_DIM, *policy.mesh_dim_names, *tp_dim[1]))
+        self.mesh = run.mesh
         if layout.tp > 1:
-            apply_tensor_parallel(self.model, self.mesh[TP_DIM])
+            apply_tensor_parallel(self.model, run.tp_mesh)
         apply_block_options(self.model, policy.checkpointed, self.compile_backend)
-        options = shard_options(policy, self.mesh[policy.mesh_dim_names])
+        options = shard_options(policy, run.dp_mesh)
         modules = dict(self.model.named_modules())
         roots = []
         for stage in self.stages:
@@ -157,14 +144,31 @@ class PipelineWrapper(ProcessGroupUser):
             roots.append(fully_shard(StageModule(units, self.steps.autocast), reshard_after_forward=None, **options))
         if materialize is not None:
             materialize(self.model, torch.device("cpu") if policy.cpu_offload else device)
-        group = self.mesh.get_group(PP_DIM)
+        group = run.pp_group
         self._pipeline_stages = [PipelineStage(root, stage.index, layout.stages, device, group=group)
                                  for root, stage in zip(roots, self.stages)]
         schedule = SCHEDULES[self.config.pipeline_schedule]
         looped = schedule is ScheduleInterleaved1F1B
         self.schedule = schedule(self._pipeline_stages if looped else self._pipeline_stages[0],
                                  self.steps.micro_batches, loss_fn=self.steps.loss_fn, scale_grads=True)
-        return self.model
+        return self.ready(self.model)
+
+    def train_step(self, batches: Iterator[Batch], accumulator: Accumulates, losses: Tensor) -> int:
+        """One schedule step over the optimizer step's micro-batches, concatenated (the schedule splits them again,
+        and runs their backward passes itself). Adds their losses to `losses` on the last stage; returns how many
+        it added (none on the other stages)."""
+        micro_batches = accumulator.accumulation_steps
+        x, y = (torch.cat(parts).to(self.run_layout.device)
+                for parts in zip(*(next(batches) for _ in range(micro_batches))))
+        loss = self.step(x, y)
+        if loss is None:
+            return 0
+        losses += loss * micro_batches  # the schedule's loss is the mean over the micro-batches
+        return micro_batches
+
+    def all_reduce_loss(self, total: float, count: int) -> float:
+        """Only the last stage's ranks hold losses: the mean of theirs, on every rank."""
+        return all_reduce_weighted_mean(total, count)
 
     def step(self, x: Tensor, y: Tensor) -> Optional[Tensor]:
         """Forward and backward of one optimizer step's micro-batches, concatenated along the batch; the gradients

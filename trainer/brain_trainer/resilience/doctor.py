@@ -70,7 +70,8 @@ def _rank(rank: int, world_size: int, backend: str, seconds: float, store_path: 
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=seconds))
     try:
-        done = preflight(seconds, rank, world_size, device, store=store)
+        # every rank is a process of this machine: one node
+        done = preflight(seconds, rank, world_size, device, store=store, ranks_per_node=world_size)
         answer = f"all-reduce {done.all_reduce_seconds * 1000:.1f} ms, barrier {done.barrier_seconds * 1000:.1f} ms"
     except NetworkError as err:
         answer = str(err)

@@ -9,7 +9,7 @@ naming the ranks missing and the variables that choose the network.
 Which ranks are missing is read from the process group's own store, which
 every rank reached at rendezvous: each rank writes its key there before the
 collectives, so the ranks that wait can tell who never arrived. torchrun
-numbers ranks node by node (rank // LOCAL_WORLD_SIZE is the node's group
+numbers ranks node by node (rank // ranks per node is the node's group
 rank), so a missing rank is named with the host of a rank on its node that
 did arrive (in a pod, the host name is the pod's).
 """
@@ -51,27 +51,30 @@ class NetworkError(RuntimeError):
     """The preflight did not complete; the message names who is missing and what chose the network."""
 
 
-def preflight(seconds: float, rank: int, world_size: int, device: torch.device, store: Any = None) -> Preflight:
-    """Run the preflight on every rank; raises NetworkError when a step of it does not complete in `seconds`."""
+def preflight(seconds: float, rank: int, world_size: int, device: torch.device, store: Any = None, *,
+              ranks_per_node: int) -> Preflight:
+    """Run the preflight on every rank; raises NetworkError when a step of it does not complete in `seconds`.
+    `ranks_per_node` (the run's LOCAL_WORLD_SIZE) finds a missing rank's node."""
     store = store if store is not None else dist.distributed_c10d._get_default_store()
     attempt = os.environ.get(RESTART_COUNT_ENV, "0")
     store.set(_key(attempt, rank), socket.gethostname())
     data = torch.ones(1, device=device)
-    reduce_s = _timed("all-reduce", lambda: dist.all_reduce(data, async_op=True), seconds, rank, world_size, store,
-                      attempt)
+    group = _Group(world_size, ranks_per_node, store, attempt)
+    reduce_s = _timed("all-reduce", lambda: dist.all_reduce(data, async_op=True), seconds, group)
     if int(data.item()) != world_size:
         raise NetworkError(f"network-error: the preflight all-reduce summed {int(data.item())}, not {world_size}")
-    barrier_s = _timed("barrier", lambda: dist.barrier(async_op=True), seconds, rank, world_size, store, attempt)
+    barrier_s = _timed("barrier", lambda: dist.barrier(async_op=True), seconds, group)
     return Preflight(reduce_s, barrier_s)
 
 
-def run_preflight(seconds: float, rank: int, world_size: int, device: torch.device) -> Optional[Preflight]:
+def run_preflight(seconds: float, rank: int, world_size: int, device: torch.device, *,
+                  ranks_per_node: int) -> Optional[Preflight]:
     """The loop's preflight: skipped when off or alone; a failure writes the termination message and ends the process
     with network-error's code (its collective may still be pending, which a clean exit would wait on)."""
     if seconds <= 0 or world_size < 2:
         return None
     try:
-        done = preflight(seconds, rank, world_size, device)
+        done = preflight(seconds, rank, world_size, device, ranks_per_node=ranks_per_node)
     except NetworkError as err:
         line = str(err).removeprefix(f"{NETWORK_ERROR}: ")
         log.error("rank %d: %s: %s", rank, NETWORK_ERROR, line)
@@ -92,8 +95,17 @@ def _key(attempt: str, rank: int) -> str:
     return f"{KEY_PREFIX}/{attempt}/{rank}"
 
 
-def _timed(what: str, start: Callable[[], Any], seconds: float, rank: int, world_size: int, store: Any,
-           attempt: str) -> float:
+@dataclass(frozen=True)
+class _Group:
+    """Who takes part in a preflight, and where each rank says it arrived."""
+
+    world_size: int
+    ranks_per_node: int
+    store: Any  # the process group's store: each rank's key, its host as value
+    attempt: str  # torchrun's restart count: each attempt's keys apart
+
+
+def _timed(what: str, start: Callable[[], Any], seconds: float, group: _Group) -> float:
     began = time.monotonic()
     try:
         work = start()
@@ -103,16 +115,15 @@ def _timed(what: str, start: Callable[[], Any], seconds: float, rank: int, world
             time.sleep(POLL_SECONDS)
         work.wait()
     except (RuntimeError, TimeoutError, ConnectionError) as exc:
-        raise NetworkError(_explain(what, seconds, world_size, store, attempt, exc)) from exc
+        raise NetworkError(_explain(what, seconds, group, exc)) from exc
     return time.monotonic() - began
 
 
-def _explain(what: str, seconds: float, world_size: int, store: Any, attempt: str, exc: BaseException) -> str:
-    arrived = {r: _host(store, attempt, r) for r in range(world_size)}
+def _explain(what: str, seconds: float, group: _Group, exc: BaseException) -> str:
+    arrived = {r: _host(group.store, group.attempt, r) for r in range(group.world_size)}
     missing = [r for r, host in arrived.items() if host is None]
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if missing:
-        named = "; ".join(f"rank {r}{_where(r, per_node, arrived)}" for r in missing)
+        named = "; ".join(f"rank {r}{_where(r, group.ranks_per_node, arrived)}" for r in missing)
         why = f"{named} did not join the {what} within {seconds:g} s"
     else:
         why = (f"every rank joined, but the {what} did not complete within {seconds:g} s "
