@@ -15,7 +15,7 @@ import aiohttp.web
 import kubernetes
 import pytest
 from test_handlers import NS, first_event, pod_named
-from test_operator_kmock import JOBS, MERGE, PODS, FaultyEmulator, both_workers_running, operator, set_pod
+from test_operator_kmock import JOBS, PODS, FaultyEmulator, both_workers_running, operator, set_pod
 
 from brain_operator.cli import main
 from brain_operator.job_summary import summary_lines

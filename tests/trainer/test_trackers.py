@@ -26,6 +26,7 @@ from brain_trainer.contract import LEASE_HOLDER_ENV, job_name
 from brain_trainer.loop.train import train
 from brain_trainer.observe.trackers import RUNS_FILE, Identity, Trackers, flat_params, tracker_key
 from brain_trainer.schema import ConfigError
+from small_runs import small_run
 
 SERVER_START_S = 120  # the server migrates its SQLite store on its first start
 
@@ -75,14 +76,7 @@ def history(url: str, run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 def job(root: Path, steps: int, trackers: list[dict[str, Any]]) -> TrainerConfig:
-    return TrainerConfig.from_dict({
-        "model": {"preset": "minimal"},
-        "training": {"steps": steps, "micro_batch_size": 2, "seq_len": 16, "warmup_steps": 0, "log_interval": 1},
-        "distributed": {"strategy": "single"},
-        "data": {"source": "synthetic", "num_samples": 64},
-        "checkpoint": {"dir": str(root), "interval_steps": 0},
-        "metrics": {"port": 0, "trackers": trackers},
-    })
+    return small_run(root, steps, metrics={"trackers": trackers})
 
 
 def test_training_logs_to_mlflow_and_a_resumed_job_continues_the_same_run(tmp_path, mlflow_server, monkeypatch):

@@ -244,6 +244,8 @@ class Progress:
     last_in_pod_restart: Optional[str] = setting(
         None, help="Why the latest of them happened: the failed attempt's reason and line"
     )
+    profile: Optional[str] = setting(None, help="The folder of the run's profile (spec.profiling) once rank 0 wrote its "
+                                     "trace there; every rank writes its own at the same step")
     updated_at: Optional[str] = setting(None, help="When it was written (RFC 3339, UTC)")
 
     def to_json(self) -> str:

@@ -388,6 +388,28 @@ class MetricsConfig:
     )
 
 
+PROFILER_ACTIVITIES = ("cpu", "cuda")
+
+
+@dataclass
+class ProfilingConfig:
+    """A torch.profiler trace of a window of steps, every rank's beside the checkpoints."""
+
+    start_step: Optional[int] = setting(
+        None, minimum=1, help="the first optimizer step traced; unset: no profile (and no profiler: no overhead)")
+    steps: int = setting(3, minimum=1, help="optimizer steps traced from startStep on")
+    activities: list[str] = setting(
+        default_factory=lambda: list(PROFILER_ACTIVITIES),
+        help="what is traced: cpu (operators on the host), cuda (kernels; where CUDA is present)")
+    memory: bool = setting(False, help="also record tensor allocations and frees (the trace's memory view)")
+    record_shapes: bool = setting(False, help="also record each operator's input shapes")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        for i, activity in enumerate(self.activities):
+            if activity not in PROFILER_ACTIVITIES:
+                yield f"activities[{i}]", f"must be one of {', '.join(PROFILER_ACTIVITIES)}, got {quoted(activity)}"
+
+
 @dataclass
 class WatchdogConfig:
     """The hang watchdog: a rank whose optimizer steps stop dumps its stacks and exits, so torchrun restarts the group."""
@@ -418,6 +440,7 @@ class TrainerSections:
     data: DataConfig = field(default_factory=DataConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.model.entrypoint is None:

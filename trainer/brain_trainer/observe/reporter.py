@@ -33,6 +33,7 @@ from .progress import write_progress
 
 if TYPE_CHECKING:
     from .board import Scalars
+    from .profiling import StepProfiler
     from .trackers import Trackers
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,8 @@ class Reporter:
         self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
         self.metrics = start_metrics_server(cfg.metrics.port, cfg.metrics.bind_address) if self.active else None
         self.tensorboard_dir = cfg.metrics.tensorboard_dir if self.active else None
-        self._cfg = cfg
+        self._cfg, self._rank = cfg, rank
+        self.profiler: Optional[StepProfiler] = None  # only for a run that asks for a profile
         self.sinks: list[Scalars | Trackers] = []  # TensorBoard and the trackers: each writes the same scalars
         self.last: Optional[Progress] = None
         self.eval_loss: Optional[float] = None
@@ -112,6 +114,10 @@ class Reporter:
             self.sinks.append(Scalars(self.tensorboard_dir, first_step=step + 1))
         if self.active and self._cfg.metrics.trackers:
             self.sinks.append(self._trackers())
+        if self._cfg.profiling.start_step is not None:
+            from .profiling import StepProfiler  # imports torch.profiler: only for runs that profile
+
+            self.profiler = StepProfiler(self._cfg.profiling, Path(self._cfg.checkpoint.dir), self._rank, step)
 
     def stepped(self, step: int, checkpoint_total_s: float) -> None:
         """An optimizer step ended; `checkpoint_total_s`: all the loop has waited for saves so far."""
@@ -126,6 +132,8 @@ class Reporter:
             self.goodput.save(force=self.training.logs_at(step))
         self._checkpoint_s = checkpoint_total_s
         self._compiling = False
+        if self.profiler is not None:
+            self.profiler.stepped(step)
 
     def evaluated(self, step: int, loss: float, perplexity: float, tokens: int, seconds: float) -> None:
         """An evaluation pass of `seconds` ran after `step`: logged, and in the progress document from now on."""
@@ -167,7 +175,8 @@ class Reporter:
                      eta_seconds=eta_seconds(step, self.training.steps, step_time),
                      last_checkpoint_step=last_checkpoint_step, eval_loss=self.eval_loss, **_answered(answered),
                      goodput=goodput, **_restarts(self.goodput.ledger),
-                     checkpoint_interval_steps=checkpoint_interval, updated_at=format_time()),
+                     checkpoint_interval_steps=checkpoint_interval, profile=self._profile(),
+                     updated_at=format_time()),
             step_times=step_times, tokens=self._tokens_per_step * steps, learning_rate=lr,
             peak_memory_bytes=peak_memory, grad_norm=grad_norm, mfu=used,
         )
@@ -206,7 +215,13 @@ class Reporter:
         if self.metrics is not None:
             self.metrics.publish(progress, **extras)
 
+    def _profile(self) -> Optional[str]:
+        """The folder of the run's profile once written."""
+        return str(self.profiler.folder) if self.profiler is not None and self.profiler.written else None
+
     def close(self) -> None:
+        if self.profiler is not None:
+            self.profiler.close()
         if self.metrics is not None:
             self.metrics.close()
         for sink in self.sinks:
