@@ -11,10 +11,11 @@ never a traceback; nor is a closed pipe (`braintrain estimate job.yaml | head -1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from brain_trainer.config import kubeyaml
 from brain_trainer.config import read_yaml
@@ -75,6 +76,56 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     request = request_checkpoint(args.workdir)
     print(f"braintrain: checkpoint requested ({request}): the workers commit one at their next step boundary")
     return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from .cluster.worker_logs import Logs, since_seconds
+
+    try:
+        since = since_seconds(args.since) if args.since else None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    with _cluster_errors(args.job):
+        core, custom, namespace = _cluster(args.namespace)
+        logs = Logs(core, custom, namespace, args.job, print, rank=args.rank, since=since)
+        if args.follow:
+            logs.follow()
+        else:
+            logs.print_once()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from .status.summary import summary_lines
+    from .cluster.worker_logs import read_job
+
+    with _cluster_errors(args.job):
+        _, custom, namespace = _cluster(args.namespace)
+        print("\n".join(summary_lines(read_job(custom, namespace, args.job))))
+    return 0
+
+
+def _cluster(namespace: Optional[str]) -> tuple[Any, Any, str]:
+    from .cluster.kube_context import NoCluster, current_cluster
+
+    try:
+        return current_cluster(namespace)
+    except NoCluster as exc:
+        raise CliError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _cluster_errors(job: str) -> Iterator[None]:
+    """The API server's refusals and silences as one line each."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        yield
+    except ApiException as exc:
+        raise CliError(f"job {job}: the API server answered {exc.status} {exc.reason}") from None
+    except HTTPError as exc:
+        raise CliError(f"no cluster: the API server does not answer ({type(exc).__name__})") from None
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -214,6 +265,19 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("checkpoint", cmd_checkpoint, "ask a running `braintrain run` for a checkpoint at its next step boundary")
     p.add_argument("workdir", type=Path, metavar="WORKDIR", help="the run's work directory (default of run: ./runs/<job-name>)")
+
+    p = command("logs", cmd_logs, "print every worker pod's log of a job in the current cluster, each line prefixed "
+                "with its pod and node rank")
+    p.add_argument("job", metavar="JOB", help="the BrainTrainingJob's name")
+    p.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
+    p.add_argument("-f", "--follow", action="store_true", help="stream the logs, and those of pods that replace "
+                   "workers, until the job ends")
+    p.add_argument("--rank", type=int, metavar="N", help="only the worker pod of node rank N")
+    p.add_argument("--since", metavar="DURATION", help="only lines newer than this (30s, 10m, 1h)")
+
+    p = command("status", cmd_status, "print a job's phase, progress, restarts, incident, last checkpoint and conditions")
+    p.add_argument("job", metavar="JOB", help="the BrainTrainingJob's name")
+    p.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
 
     p = command("render", cmd_render, "print the Kubernetes objects the operator creates for the job")
     manifest_arg(p)

@@ -44,7 +44,7 @@ def test_every_rendered_object_passes_strict_kubernetes_schemas(value_sets, vers
             kinds.add(obj["kind"])
             assert violations(obj, version) == [], f"{label}: {obj['kind']}/{obj['metadata']['name']}"
     # Every optional kind was rendered by one of the value sets, so none went unchecked.
-    assert {"ServiceMonitor", "PodMonitor", "ClusterRole", "Role", "Pod", "Service"} <= kinds
+    assert {"ServiceMonitor", "PodMonitor", "ConfigMap", "ClusterRole", "Role", "Pod", "Service"} <= kinds
     assert {kind for _, kind in crd_schemas()} == {"ServiceMonitor", "PodMonitor", "BrainTrainingJob"}
 
 

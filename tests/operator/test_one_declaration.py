@@ -57,7 +57,8 @@ def test_the_spec_sections_are_the_trainer_classes():
     trainer_types = {name: TrainerConfig.__dataclass_fields__[name].default_factory for name in spec_types}
     for name, spec_type in spec_types.items():
         assert issubclass(spec_type, trainer_types[name]), name
-    assert set(spec_types) == {"model", "training", "distributed", "data", "watchdog", "metrics", "checkpoint"}
+    assert set(spec_types) == {"model", "training", "distributed", "data", "watchdog", "metrics", "profiling",
+                               "checkpoint"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

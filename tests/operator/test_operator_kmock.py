@@ -88,12 +88,12 @@ class FaultyEmulator(Emulator):
 
 
 @contextlib.asynccontextmanager
-async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, **client_options):
+async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, emulator=FaultyEmulator, **client_options):
     """kmock serving our resources, and the kopf operator running against it; yields (kmock, waits asked).
 
     The job's spec takes `spec`'s keys; `kueue` serves Kueue's Workload API, which the operator's discovery must
-    see (and be allowed to list) before it runs a queued job."""
-    async with FaultyEmulator() as km, kmock.Server(km):
+    see (and be allowed to list) before it runs a queued job; `emulator`: a FaultyEmulator that serves more."""
+    async with emulator() as km, kmock.Server(km):
         serve_resources(km, tmp_path, monkeypatch)
         if kueue:
             serve_kueue(km)

@@ -124,3 +124,34 @@ def test_the_endpoint_listens_only_on_the_address_it_is_given():
             assert _listening(server.port) == want, host
         finally:
             server.close()
+
+
+def test_each_committed_checkpoint_is_timed_and_sized(tmp_path):
+    """The manager tells each commit (a real save by `train`); the endpoint counts its time and size."""
+    from brain_trainer.loop.train import train
+    from brain_trainer.observe import commits
+
+    seen: list[commits.Commit] = []
+    stop = commits.listen(seen.append)
+    try:
+        train(TrainerConfig.from_dict({
+            "model": {"preset": "minimal"}, "distributed": {"strategy": "single"},
+            "training": {"steps": 2, "micro_batch_size": 2, "seq_len": 16, "warmup_steps": 0},
+            "data": {"source": "synthetic", "num_samples": 64},
+            "checkpoint": {"dir": str(tmp_path), "interval_steps": 1}, "metrics": {"port": 0}}))
+    finally:
+        stop()
+    assert [c.step for c in seen] == [1, 2]
+    for commit in seen:
+        manifest = json.loads((tmp_path / f"step-{commit.step:08d}" / "manifest.json").read_text())
+        assert commit.bytes == sum(f["size"] for f in manifest["files"].values()) > 0 and commit.seconds > 0
+    server = MetricsServer(0, host="127.0.0.1")
+    try:
+        commits.committed(commits.Commit(step=3, bytes=2048, seconds=1.5))
+        lines = fetch(server.port, "/metrics").decode().splitlines()
+    finally:
+        server.close()
+    for line in ("brain_trainer_checkpoint_bytes 2048.0", "brain_trainer_checkpoint_save_seconds_count 1.0",
+                 'brain_trainer_checkpoint_save_seconds_bucket{le="2.5"} 1.0'):
+        assert line in lines, line
+    commits.committed(commits.Commit(step=4, bytes=1, seconds=1.0))  # a closed endpoint no longer listens

@@ -69,6 +69,12 @@ def lease_holder(job_name: str, instance: Optional[str]) -> str:
     return f"job {job_name} ({instance})" if instance else f"job {job_name}"
 
 
+def job_name(env: Mapping[str, str] = os.environ) -> str:
+    """The job's name, from its lease holder (a name has no spaces); "" where no operator or runner started us."""
+    words = env.get(LEASE_HOLDER_ENV, "").split()
+    return words[1] if len(words) > 1 and words[0] == "job" else ""
+
+
 # The failure reasons (comma-separated) that fail the job without a restart
 # (runPolicy.failurePolicy: FailJob): a trainer failing with one also stops its
 # torchrun agent, so that torchrun does not restart the workers in the pod.
@@ -238,6 +244,8 @@ class Progress:
     last_in_pod_restart: Optional[str] = setting(
         None, help="Why the latest of them happened: the failed attempt's reason and line"
     )
+    profile: Optional[str] = setting(None, help="The folder of the run's profile (spec.profiling) once rank 0 wrote its "
+                                     "trace there; every rank writes its own at the same step")
     updated_at: Optional[str] = setting(None, help="When it was written (RFC 3339, UTC)")
 
     def to_json(self) -> str:

@@ -82,6 +82,7 @@ def _sections(
         watchdog=spec.watchdog,
         checkpoint=spec.checkpoint.trainer_config(checkpoint_dir or spec.checkpoint.mount_path),
         metrics=replace(spec.metrics, port=metrics_port, bind_address=metrics_address),
+        profiling=spec.profiling,
     )
 
 

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from ..contract import ERROR
 from ..resilience.failures import causes, classify
-from ..schema import ConfigError, FieldError, in_view, key_for
+from ..schema import ConfigError, FieldError, in_view, key_for, to_dict
 
 Shape = tuple[int, ...]
 MODEL = "model"  # the manifest's model section, and its settings' prefix
@@ -63,7 +63,7 @@ def _flatten(obj: Any, prefix: str) -> dict[str, Any]:
         if dataclasses.is_dataclass(value):
             out.update(_flatten(value, name + "."))
         else:
-            out[name] = value
+            out[name] = to_dict(value)  # a list of sections (metrics.trackers) as plain dicts
     return out
 
 

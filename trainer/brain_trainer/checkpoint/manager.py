@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 from ..config import CheckpointConfig
 from ..contract import ERROR, RUN_ID_ENV, STORAGE_FULL, restart_count
 from ..resilience.failures import Fatal, classify
+from ..observe import commits
 from ..schema import ConfigError, FieldError
 from . import compat, resume_from, shards, staging, store
 from .lease import VolumeLease
@@ -410,6 +411,7 @@ class CheckpointManager:
         stall = took if blocking else self.last_stall_s
         log.info("checkpoint %s committed: %.1f MB in %.2f s, the training loop blocked %.3f s", final, size / 1e6,
                  took, stall)
+        commits.committed(commits.Commit(fields["step"], size, took))
         for path in store.apply_retention(self.root, self.cfg.keep_last):
             log.info("retention (keep_last=%d): deleted %s", self.cfg.keep_last, path)
 

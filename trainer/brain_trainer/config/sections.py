@@ -330,9 +330,41 @@ class CheckpointConfig:
         return value if isinstance(value, int) and value >= 0 else None
 
 
+TRACKER_TYPES = ("mlflow", "wandb")
+# which of a tracker's settings belong to which type (the others are refused)
+TRACKER_FIELDS = {"mlflow": ("tracking_uri", "experiment"), "wandb": ("project", "entity", "offline")}
+
+
+@dataclass
+class TrackerConfig:
+    """One experiment tracker rank 0 also logs to; credentials come from the environment (a Secret through the pod
+    overlay), never from here."""
+
+    type: str = setting("mlflow", choices=TRACKER_TYPES, help="mlflow or wandb (Weights & Biases)")
+    tracking_uri: Optional[str] = setting(
+        None, help="mlflow: the tracking server (http://...) or a local store (a path, sqlite:///...); "
+        "default: MLFLOW_TRACKING_URI")
+    experiment: Optional[str] = setting(None, help="mlflow: the experiment's name; default: MLflow's default experiment")
+    project: Optional[str] = setting(None, help="wandb: the project; default: WANDB_PROJECT")
+    entity: Optional[str] = setting(None, help="wandb: the team or user; default: WANDB_ENTITY or the key's own")
+    offline: bool = setting(False, help="wandb: write the run to files only (`wandb sync` uploads them later)")
+    run_name: Optional[str] = setting(None, help="the run's name; default: the job's name")
+    tags: dict[str, str] = setting(default_factory=dict, help="added to the run's tags")
+    settings: dict[str, str] = setting(
+        default_factory=dict, help="the client's own settings: wandb.Settings fields for wandb, MLFLOW_* environment "
+        "variables for mlflow")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        for other, fields in TRACKER_FIELDS.items():
+            for f in fields if other != self.type else ():
+                value = getattr(self, f)
+                if value not in (None, False):
+                    yield f, f"is a {other} setting; this tracker is {self.type}, got {quoted(value)}"
+
+
 @dataclass
 class MetricsConfig:
-    """What rank 0 reports: its HTTP endpoint (Prometheus metrics, the JSON progress document) and TensorBoard scalars."""
+    """What rank 0 reports: its endpoint (Prometheus metrics, the progress document), TensorBoard, the trackers."""
 
     port: int = setting(METRICS_PORT, minimum=0, maximum=65535, derived=True, help="rank 0 serves /metrics and /progress here; 0 disables")
     bind_address: str = setting(
@@ -349,6 +381,33 @@ class MetricsConfig:
         None, minimum=0, exclusive_minimum=True,
         help="peak FLOP/s of one device, for the MFU metric; default: the bf16 dense figure of a known GPU, none on CPU",
     )
+    trackers: list[TrackerConfig] = setting(
+        default_factory=list, help="experiment trackers (MLflow, Weights & Biases) rank 0 also logs the TensorBoard "
+        "scalars, the resolved config and the job's name, uid and restarts to; a failing tracker warns once and never "
+        "stops training"
+    )
+
+
+PROFILER_ACTIVITIES = ("cpu", "cuda")
+
+
+@dataclass
+class ProfilingConfig:
+    """A torch.profiler trace of a window of steps, every rank's beside the checkpoints."""
+
+    start_step: Optional[int] = setting(
+        None, minimum=1, help="the first optimizer step traced; unset: no profile (and no profiler: no overhead)")
+    steps: int = setting(3, minimum=1, help="optimizer steps traced from startStep on")
+    activities: list[str] = setting(
+        default_factory=lambda: list(PROFILER_ACTIVITIES),
+        help="what is traced: cpu (operators on the host), cuda (kernels; where CUDA is present)")
+    memory: bool = setting(False, help="also record tensor allocations and frees (the trace's memory view)")
+    record_shapes: bool = setting(False, help="also record each operator's input shapes")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        for i, activity in enumerate(self.activities):
+            if activity not in PROFILER_ACTIVITIES:
+                yield f"activities[{i}]", f"must be one of {', '.join(PROFILER_ACTIVITIES)}, got {quoted(activity)}"
 
 
 @dataclass
@@ -381,6 +440,7 @@ class TrainerSections:
     data: DataConfig = field(default_factory=DataConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.model.entrypoint is None:

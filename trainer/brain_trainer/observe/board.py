@@ -7,16 +7,7 @@ from typing import Optional
 
 from torch.utils.tensorboard import SummaryWriter
 
-# keyword of Scalars.write -> TensorBoard tag
-TAGS = {
-    "loss": "train/loss",
-    "eval_loss": "eval/loss",
-    "learning_rate": "train/learning_rate",
-    "tokens_per_second": "train/tokens_per_second",
-    "grad_norm": "train/grad_norm",
-    "mfu": "train/mfu",
-    "goodput": "goodput/ratio",
-}
+from .scalar_tags import TAGS
 
 
 class Scalars:

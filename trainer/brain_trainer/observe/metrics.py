@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from ..contract import METRICS_PATH, PROGRESS_PATH, Goodput, Progress
+from . import commits
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ _FROM_PROGRESS = {
 }
 # From milliseconds (small models on GPUs) to minutes (large models, slow links).
 STEP_TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
+# A checkpoint save, start to commit: seconds (small models, local disks) to an hour (large ones, network storage).
+CHECKPOINT_SAVE_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 # field of memory_report.InitMemory -> (metric name, help), one sample per rank
 _INIT_MEMORY = {
     "parameter_bytes": ("brain_trainer_init_parameter_bytes", "Bytes of parameters (shards) each rank holds after init"),
@@ -75,8 +78,14 @@ class MetricsServer:
         self._init_gauges = {
             key: Gauge(name, doc, ["rank"], registry=self.registry) for key, (name, doc) in _INIT_MEMORY.items()
         }
+        self._save_seconds = Histogram(METRIC_PREFIX + "checkpoint_save_seconds",
+                                       "Time of each checkpoint save, from its start to its commit",
+                                       buckets=CHECKPOINT_SAVE_BUCKETS, registry=self.registry)
+        self._checkpoint_bytes = Gauge(METRIC_PREFIX + "checkpoint_bytes", "Size of the newest committed checkpoint",
+                                       registry=self.registry)
         self._progress: Optional[Progress] = None
         self._lock = threading.Lock()
+        self._unlisten = commits.listen(self.checkpoint_committed)
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="brain-metrics", daemon=True)
@@ -139,6 +148,11 @@ class MetricsServer:
                     if figures.get(key) is not None:
                         gauge.labels(rank=str(figures["rank"])).set(figures[key])
 
+    def checkpoint_committed(self, commit: commits.Commit) -> None:
+        with self._lock:
+            self._save_seconds.observe(commit.seconds)
+            self._checkpoint_bytes.set(commit.bytes)
+
     def progress_json(self) -> bytes:
         with self._lock:
             return (self._progress.to_json() if self._progress else "{}").encode()
@@ -148,6 +162,7 @@ class MetricsServer:
             return generate_latest(self.registry)
 
     def close(self) -> None:
+        self._unlisten()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join()

@@ -3,7 +3,7 @@
 Every rank keeps the clocks (its TrainResult says its own throughput); rank 0
 alone keeps the goodput ledger (goodput_log.py, beside the checkpoints) and
 publishes: the log line, the progress document, the metrics endpoint (MFU
-from flops.py) and TensorBoard.
+from flops.py), TensorBoard and the experiment trackers (trackers.py).
 
     reporter = Reporter(cfg, rank, started)       # the ledger counts this start at once
     reporter.started(step, ...)                   # set up: initialisation time ends here (compiled: after a step)
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..config import TrainerConfig
-from ..contract import PROGRESS_FILE_ENV, RUN_ID_ENV, Progress, eta_seconds, format_time, restart_count
+from ..contract import PROGRESS_FILE_ENV, RUN_ID_ENV, Progress, eta_seconds, format_time, job_name, restart_count
 from .flops import mfu
 from .goodput import CHECKPOINT, EVALUATION, INITIALIZATION, Ledger
 from .goodput_log import GoodputLog
@@ -33,6 +33,8 @@ from .progress import write_progress
 
 if TYPE_CHECKING:
     from .board import Scalars
+    from .profiling import StepProfiler
+    from .trackers import Trackers
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +65,14 @@ class Reporter:
         self.progress_path = os.environ.get(PROGRESS_FILE_ENV) if self.active else None
         self.metrics = start_metrics_server(cfg.metrics.port, cfg.metrics.bind_address) if self.active else None
         self.tensorboard_dir = cfg.metrics.tensorboard_dir if self.active else None
-        self.scalars: Optional[Scalars] = None
+        self._cfg, self._rank = cfg, rank
+        self.profiler: Optional[StepProfiler] = None  # only for a run that asks for a profile
+        self.sinks: list[Scalars | Trackers] = []  # TensorBoard and the trackers: each writes the same scalars
         self.last: Optional[Progress] = None
         self.eval_loss: Optional[float] = None
         # The run's ledger lives beside the checkpoints, which outlive this trainer; written at once, so this start
         # counts as a restart of the run even if it dies before its first step.
-        folder = Path(cfg.checkpoint.dir) if self.active and cfg.checkpoint.enabled else None
+        folder = self._folder = Path(cfg.checkpoint.dir) if self.active and cfg.checkpoint.enabled else None
         # torchrun restarts its workers in place: which torchrun, and its restart count, tell the in-pod restarts.
         self.goodput = GoodputLog(folder, os.environ.get(RUN_ID_ENV, ""), started,
                                   agent=torchrun_agent() if self.active else "", agent_restarts=restart_count(),
@@ -91,7 +95,8 @@ class Reporter:
 
     def started(self, step: int, *, tokens_per_step: int, flops_per_token: float, peak_flops: Optional[float],
                 world_size: int, info: dict[str, str], compiling: bool = False) -> None:
-        """Set up, about to compute `step` + 1: initialisation ends, brain_trainer_info, TensorBoard from here.
+        """Set up, about to compute `step` + 1: initialisation ends, brain_trainer_info, TensorBoard and the
+        trackers from here.
 
         `compiling`: the blocks compile at their first call, so initialisation ends after the next step.
         """
@@ -106,7 +111,13 @@ class Reporter:
         if self.tensorboard_dir:
             from .board import Scalars  # imports tensorboard: only for runs that write it
 
-            self.scalars = Scalars(self.tensorboard_dir, first_step=step + 1)
+            self.sinks.append(Scalars(self.tensorboard_dir, first_step=step + 1))
+        if self.active and self._cfg.metrics.trackers:
+            self.sinks.append(self._trackers())
+        if self._cfg.profiling.start_step is not None:
+            from .profiling import StepProfiler  # imports torch.profiler: only for runs that profile
+
+            self.profiler = StepProfiler(self._cfg.profiling, Path(self._cfg.checkpoint.dir), self._rank, step)
 
     def stepped(self, step: int, checkpoint_total_s: float) -> None:
         """An optimizer step ended; `checkpoint_total_s`: all the loop has waited for saves so far."""
@@ -121,6 +132,8 @@ class Reporter:
             self.goodput.save(force=self.training.logs_at(step))
         self._checkpoint_s = checkpoint_total_s
         self._compiling = False
+        if self.profiler is not None:
+            self.profiler.stepped(step)
 
     def evaluated(self, step: int, loss: float, perplexity: float, tokens: int, seconds: float) -> None:
         """An evaluation pass of `seconds` ran after `step`: logged, and in the progress document from now on."""
@@ -136,8 +149,8 @@ class Reporter:
         self.eval_loss = loss
         if self.last is not None:
             self._publish(replace(self.last, eval_loss=loss, updated_at=format_time()))
-        if self.scalars is not None:
-            self.scalars.write(step, eval_loss=loss)
+        for sink in self.sinks:
+            sink.write(step, eval_loss=loss, eval_perplexity=perplexity)
 
     def logged(self, step: int, loss: float, *, lr: float, grad_norm: float, peak_memory: int,
                last_checkpoint_step: Optional[int], answered: Answered, checkpoint_interval: int) -> None:
@@ -162,13 +175,14 @@ class Reporter:
                      eta_seconds=eta_seconds(step, self.training.steps, step_time),
                      last_checkpoint_step=last_checkpoint_step, eval_loss=self.eval_loss, **_answered(answered),
                      goodput=goodput, **_restarts(self.goodput.ledger),
-                     checkpoint_interval_steps=checkpoint_interval, updated_at=format_time()),
+                     checkpoint_interval_steps=checkpoint_interval, profile=self._profile(),
+                     updated_at=format_time()),
             step_times=step_times, tokens=self._tokens_per_step * steps, learning_rate=lr,
             peak_memory_bytes=peak_memory, grad_norm=grad_norm, mfu=used,
         )
-        if self.scalars is not None:
-            self.scalars.write(step, loss=loss, learning_rate=lr, tokens_per_second=tokens_per_second,
-                               grad_norm=grad_norm, mfu=used, goodput=goodput.ratio)
+        for sink in self.sinks:
+            sink.write(step, loss=loss, learning_rate=lr, tokens_per_second=tokens_per_second, grad_norm=grad_norm,
+                       mfu=used, goodput=goodput.ratio)
 
     def init_memory(self, ranks: list[dict[str, Any]]) -> None:
         """Every rank's memory after initialisation, on the metrics endpoint."""
@@ -201,11 +215,25 @@ class Reporter:
         if self.metrics is not None:
             self.metrics.publish(progress, **extras)
 
+    def _profile(self) -> Optional[str]:
+        """The folder of the run's profile once written."""
+        return str(self.profiler.folder) if self.profiler is not None and self.profiler.written else None
+
     def close(self) -> None:
+        if self.profiler is not None:
+            self.profiler.close()
         if self.metrics is not None:
             self.metrics.close()
-        if self.scalars is not None:
-            self.scalars.close()
+        for sink in self.sinks:
+            sink.close()
+
+    def _trackers(self) -> Trackers:
+        """The trackers' runs, continued or begun; tagged with the job and the run's restarts."""
+        from .trackers import Identity, Trackers, flat_params  # imports a tracker's client only when configured
+
+        uid = os.environ.get(RUN_ID_ENV, "")
+        identity = Identity(job_name() or uid or "brain-train", uid, self.goodput.ledger.restarts)
+        return Trackers(self._cfg.metrics.trackers, self._folder, flat_params(self._cfg.to_dict()), identity)
 
 
 def _answered(answered: Answered) -> dict[str, Any]:
