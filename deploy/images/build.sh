@@ -6,6 +6,7 @@
 #   TORCH_FLAVOUR                   the trainer's torch: cpu (default) or cu130 (requirements/lock.sh)
 #   PYTHON_IMAGE, TORCH_INDEX_URL   build arguments passed on when set (the Dockerfile says what they are)
 #   CA_CERT                         a PEM bundle trusted for downloads (a proxy's authority), a build secret
+#   TARGETS                         which to build (default "trainer operator")
 #   ENGINE                          docker, buildah or podman instead of the first found
 #   STORAGE                         buildah/podman store options, e.g. "--storage-driver vfs"
 set -euo pipefail
@@ -31,9 +32,9 @@ pick_engine() {
 
 ENGINE="${ENGINE:-$(pick_engine)}"
 case "$ENGINE" in
-    docker) build=(docker build) size=(docker image inspect --format '{{.Size}}') ;;
-    buildah) build=(buildah "${store[@]}" build --isolation chroot) size=(buildah "${store[@]}" inspect --type image --format '{{.ImageSize}}' ) ;;
-    podman) build=(podman "${store[@]}" build) size=(podman "${store[@]}" image inspect --format '{{.Size}}') ;;
+    docker) build=(docker build) size=(docker image ls --format '{{.Size}}') ;;
+    buildah) build=(buildah "${store[@]}" build --isolation chroot) size=(buildah "${store[@]}" images --format '{{.Size}}') ;;
+    podman) build=(podman "${store[@]}" build) size=(podman "${store[@]}" images --format '{{.Size}}') ;;
     *) echo "images: ENGINE must be docker, buildah or podman, got '$ENGINE'" >&2; exit 2 ;;
 esac
 
@@ -48,8 +49,13 @@ build() {
     shift 2
     echo "images: building $tag (target $target) with $ENGINE"
     "${build[@]}" --target "$target" --tag "$tag" "${args[@]}" "$@" .
-    echo "images: $tag built in $((SECONDS - began)) s, $(( $("${size[@]}" "$tag") / 1000000 )) MB"
+    echo "images: $tag built in $((SECONDS - began)) s, $("${size[@]}" "$tag")"
 }
 
-build trainer "$TRAINER_IMAGE" --build-arg "TORCH_FLAVOUR=$TORCH_FLAVOUR"
-build operator "$OPERATOR_IMAGE"
+for target in ${TARGETS:-trainer operator}; do
+    case "$target" in
+        trainer) build trainer "$TRAINER_IMAGE" --build-arg "TORCH_FLAVOUR=$TORCH_FLAVOUR" ;;
+        operator) build operator "$OPERATOR_IMAGE" ;;
+        *) echo "images: TARGETS names trainer and operator, got '$target'" >&2; exit 2 ;;
+    esac
+done

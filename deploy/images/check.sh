@@ -10,7 +10,8 @@
 # serve torch's CPU wheel on loopback (its hash is still checked against the lock). Each is said when done.
 #
 #   ENGINE, STORAGE (default "--storage-driver vfs" for buildah/podman), PYTHON_IMAGE, TORCH_INDEX_URL, CA_CERT:
-#   as build.sh; BUILD=0 runs the images already built.
+#   as build.sh; BUILD=0 runs the images already built. CUDA=1 also builds the cu130 trainer (2.5 GiB of NVIDIA
+#   wheels) as $TRAINER_IMAGE-cuda and checks that its torch, built for CUDA 13.0, imports and finds no GPU here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -150,7 +151,7 @@ chmod 0755 "$WORK"
 mapfile -t trainer_argv < <(entrypoint "$TRAINER_IMAGE")
 echo "image-check: trainer image: ${trainer_argv[*]}"
 trainer_opts=(--volume "$WORK/config:/etc/brain:ro" --volume "$WORK/ckpt:$mount_path"
-    --env PET_STANDALONE=1 --env PET_NPROC_PER_NODE=1 --env "BRAIN_TERMINATION_LOG=$mount_path/termination-log")
+    --env PET_STANDALONE=1 --env PET_NPROC_PER_NODE=1 --env BRAIN_TERMINATION_LOG=/tmp/termination-log)  # /dev/termination-log is the kubelet's
 
 began_train=$SECONDS
 run_in "$TRAINER_IMAGE" "$WORK/train.log" "${trainer_opts[@]}" -- "${trainer_argv[@]}" \
@@ -188,4 +189,12 @@ saved="$(sed -n 's/.*SIGTERM: saving step \([0-9]*\) before exiting.*/\1/p' "$WO
 [[ -d "$WORK/ckpt/step-$(printf '%08d' "$saved")" ]] || fail "checkpoint of step $saved missing: $(ls "$WORK/ckpt")"
 ! grep -q Traceback "$WORK/stop.log" || fail "a traceback after SIGTERM: $(cat "$WORK/stop.log")"
 echo "image-check: ok: SIGTERM to the first process: checkpoint step $saved, exit 75, no traceback"
+if [[ "${CUDA:-0}" == 1 ]]; then
+    [[ "${BUILD:-1}" == 0 ]] || TARGETS=trainer TORCH_FLAVOUR=cu130 TRAINER_IMAGE="$TRAINER_IMAGE-cuda" bash deploy/images/build.sh
+    run_in "$TRAINER_IMAGE-cuda" "$WORK/cuda.log" -- python -c \
+        'import torch; print(f"torch {torch.__version__} CUDA {torch.version.cuda} available {torch.cuda.is_available()}")' \
+        || fail "the CUDA image's torch: $(tail -n 30 "$WORK/cuda.log")"
+    grep -q "CUDA 13.0 available False" "$WORK/cuda.log" || fail "the CUDA image's torch: $(cat "$WORK/cuda.log")"
+    echo "image-check: ok: CUDA image: $(tail -n 1 "$WORK/cuda.log")"
+fi
 echo "image-check: passed in $((SECONDS - began)) s (builds $((built - began)) s)"
