@@ -24,8 +24,11 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/image-check.XXXXXX")"
 SERVER=""
 began=$SECONDS
 
+declare -A CONTAINERS=()  # buildah: one working container per image, for all of its runs (vfs copies each)
 finish() {
     [[ -z "$SERVER" ]] || kill "$SERVER" 2>/dev/null || true
+    local ctr
+    for ctr in "${CONTAINERS[@]}"; do buildah "${store[@]}" rm "$ctr" >/dev/null || true; done
     rm -rf "$WORK"
 }
 trap finish EXIT
@@ -102,27 +105,32 @@ run_in() {
     while [[ "$1" != -- ]]; do opts+=("$1" "$2"); shift 2; done
     shift
     if [[ "$ENGINE" == buildah ]]; then
-        local ctr
-        ctr="$(buildah "${store[@]}" from --quiet "$image")"
-        local code=0
-        buildah "${store[@]}" run --isolation chroot --user 0:0 --cap-add CAP_SYS_ADMIN "${opts[@]}" "$ctr" -- \
-            unshare --pid --fork --mount-proc --kill-child setpriv --reuid 1000 --regid 1000 --clear-groups "$@" \
-            >"$log" 2>&1 || code=$?
-        buildah "${store[@]}" rm "$ctr" >/dev/null
-        return "$code"
+        buildah "${store[@]}" run --isolation chroot --user 0:0 --cap-add CAP_SYS_ADMIN "${opts[@]}" "${CONTAINERS[$image]}" \
+            -- unshare --pid --fork --mount-proc --kill-child setpriv --reuid 1000 --regid 1000 --clear-groups "$@" \
+            >"$log" 2>&1
+        return
     fi
     "$ENGINE" "${store[@]}" run --rm --user 1000:1000 "${opts[@]}" --entrypoint "$1" "$image" "${@:2}" >"$log" 2>&1
 }
 
-# The image's own entrypoint and command, as its config says.
+# The image's own entrypoint and command, as its config says (buildah: OCIv1.config, docker/podman: Config).
 entrypoint() {
-    local format='{{json .Config.Entrypoint}} {{json .Config.Cmd}}'
     if [[ "$ENGINE" == buildah ]]; then
-        buildah "${store[@]}" inspect --type image --format '{{json .OCIv1.Config.Entrypoint}} {{json .OCIv1.Config.Cmd}}' "$1"
+        buildah "${store[@]}" inspect --type image "$1"
     else
-        "$ENGINE" "${store[@]}" image inspect --format "$format" "$1"
-    fi | python3 -c 'import json, sys; print("\n".join(a for part in sys.stdin.read().split() for a in json.loads(part)))'
+        "$ENGINE" "${store[@]}" image inspect "$1"
+    fi | python3 -c '
+import json, sys
+info = json.load(sys.stdin)
+config = info["OCIv1"]["config"] if isinstance(info, dict) else info[0]["Config"]
+print("\n".join([*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]))'
 }
+
+if [[ "$ENGINE" == buildah ]]; then
+    for image in "$OPERATOR_IMAGE" "$TRAINER_IMAGE"; do
+        CONTAINERS[$image]="$(buildah "${store[@]}" from --quiet "$image")"
+    done
+fi
 
 echo "image-check: operator image"
 run_in "$OPERATOR_IMAGE" "$WORK/help.log" -- braintrain --help || fail "braintrain --help: $(cat "$WORK/help.log")"
@@ -130,7 +138,8 @@ grep -q "render" "$WORK/help.log" || fail "braintrain --help printed no commands
 if run_in "$OPERATOR_IMAGE" "$WORK/torch.log" -- python -c "import torch"; then
     fail "the operator image imports torch"
 fi
-echo "image-check: ok: braintrain --help answers; import torch fails ($(tail -n 1 "$WORK/torch.log"))"
+grep -q "No module named 'torch'" "$WORK/torch.log" || fail "import torch failed otherwise: $(cat "$WORK/torch.log")"
+echo "image-check: ok: braintrain --help answers; import torch fails (No module named 'torch')"
 
 # trainer.yaml as the operator renders it into the job's ConfigMap; the checkpoint claim a folder of uid 1000.
 mkdir -p "$WORK/job" "$WORK/config" "$WORK/ckpt"
@@ -149,9 +158,12 @@ mount_path="$(sed -n 's/^ *dir: *//p' "$WORK/config/trainer.yaml" | head -n 1)"
 chown -R 1000:1000 "$WORK/ckpt"
 chmod 0755 "$WORK"
 mapfile -t trainer_argv < <(entrypoint "$TRAINER_IMAGE")
+[[ "${trainer_argv[0]:-}" == tini ]] || fail "the trainer image's entrypoint is not tini: ${trainer_argv[*]}"
 echo "image-check: trainer image: ${trainer_argv[*]}"
-trainer_opts=(--volume "$WORK/config:/etc/brain:ro" --volume "$WORK/ckpt:$mount_path"
-    --env PET_STANDALONE=1 --env PET_NPROC_PER_NODE=1 --env BRAIN_TERMINATION_LOG=/tmp/termination-log)  # /dev/termination-log is the kubelet's
+# One node of one process (torchrun --standalone) on loopback: a pod's hostname resolves, a build container's does
+# not. /dev/termination-log is the kubelet's; here the trainers' termination message goes to /tmp.
+trainer_opts=(--volume "$WORK/config:/etc/brain:ro" --volume "$WORK/ckpt:$mount_path" --env PET_STANDALONE=1
+    --env PET_NPROC_PER_NODE=1 --env PET_LOCAL_ADDR=127.0.0.1 --env BRAIN_TERMINATION_LOG=/tmp/termination-log)
 
 began_train=$SECONDS
 run_in "$TRAINER_IMAGE" "$WORK/train.log" "${trainer_opts[@]}" -- "${trainer_argv[@]}" \
@@ -161,7 +173,8 @@ steps="$(grep -c ' step [0-9]*/6 loss' "$WORK/train.log" || true)"
 [[ -d "$WORK/ckpt/step-00000006" ]] || fail "no checkpoint of step 6 in $(ls "$WORK/ckpt")"
 echo "image-check: ok: trained 6 steps as uid 1000 in $((SECONDS - began_train)) s, checkpoint step-00000006"
 
-# Train on from step 6, then SIGTERM the container's first process once a new step is logged.
+# Train on (from step 6 where the base's Python reads the checkpoint back), then SIGTERM the container's first
+# process once a step is logged: the trainers must commit a new checkpoint and the container exit 75.
 sed -i "s/^    steps: 6$/    steps: $STEPS_AFTER_STOP/" "$WORK/job/job.yaml"
 render
 run_in "$TRAINER_IMAGE" "$WORK/stop.log" "${trainer_opts[@]}" -- "${trainer_argv[@]}" &
@@ -180,17 +193,22 @@ else
     first="$("$ENGINE" "${store[@]}" ps --filter "ancestor=$TRAINER_IMAGE" --format '{{.ID}}' | head -n 1)"
 fi
 [[ -n "$first" ]] || fail "no first process of the trainer container found"
+before="$(ls "$WORK/ckpt")"
 if [[ "$ENGINE" == buildah ]]; then kill -TERM "$first"; else "$ENGINE" "${store[@]}" kill --signal TERM "$first"; fi
 code=0
 wait "$runner" || code=$?
 [[ "$code" == 75 ]] || fail "exit $code after SIGTERM, 75 expected: $(tail -n 30 "$WORK/stop.log")"
 saved="$(sed -n 's/.*SIGTERM: saving step \([0-9]*\) before exiting.*/\1/p' "$WORK/stop.log" | head -n 1)"
-[[ -n "$saved" && "$saved" -gt 6 ]] || fail "no save after step 6 on SIGTERM: $(tail -n 30 "$WORK/stop.log")"
-[[ -d "$WORK/ckpt/step-$(printf '%08d' "$saved")" ]] || fail "checkpoint of step $saved missing: $(ls "$WORK/ckpt")"
+[[ -n "$saved" ]] || fail "no save on SIGTERM: $(tail -n 30 "$WORK/stop.log")"
+checkpoint="step-$(printf '%08d' "$saved")"
+if [[ ! -d "$WORK/ckpt/$checkpoint" ]] || grep -qx "$checkpoint" <<<"$before"; then
+    fail "no new checkpoint $checkpoint: before the stop $before; after $(ls "$WORK/ckpt")"
+fi
 ! grep -q Traceback "$WORK/stop.log" || fail "a traceback after SIGTERM: $(cat "$WORK/stop.log")"
 echo "image-check: ok: SIGTERM to the first process: checkpoint step $saved, exit 75, no traceback"
 if [[ "${CUDA:-0}" == 1 ]]; then
     [[ "${BUILD:-1}" == 0 ]] || TARGETS=trainer TORCH_FLAVOUR=cu130 TRAINER_IMAGE="$TRAINER_IMAGE-cuda" bash deploy/images/build.sh
+    [[ "$ENGINE" != buildah ]] || CONTAINERS[$TRAINER_IMAGE-cuda]="$(buildah "${store[@]}" from --quiet "$TRAINER_IMAGE-cuda")"
     run_in "$TRAINER_IMAGE-cuda" "$WORK/cuda.log" -- python -c \
         'import torch; print(f"torch {torch.__version__} CUDA {torch.version.cuda} available {torch.cuda.is_available()}")' \
         || fail "the CUDA image's torch: $(tail -n 30 "$WORK/cuda.log")"
