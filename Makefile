@@ -68,7 +68,7 @@ image-check:
 # hashes from the indexes: no wheel is downloaded); run after changing a dependency.
 lock: | $(PY)
 	$(PY) -m pip install --quiet uv
-	UV=$(VENV)/bin/uv PYTHON=$(PY) bash requirements/lock.sh
+	UV=$(CURDIR)/$(VENV)/bin/uv PYTHON=$(CURDIR)/$(PY) bash requirements/lock.sh
 
 # End to end on kind (docker, kind, kubectl, helm): DRY_RUN=1 prints the plan, TEARDOWN=1 deletes the cluster.
 kind-e2e:

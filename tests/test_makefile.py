@@ -67,9 +67,9 @@ def test_setup_says_which_torch_it_installed():
 def test_the_image_targets_run_their_scripts_and_lock_installs_uv_first():
     assert dry_run("images") == ["bash deploy/images/build.sh"]
     assert dry_run("image-check") == ["bash deploy/images/check.sh"]
-    lock = make("-n", "lock").splitlines()
+    lock = make("-n", "lock").splitlines()  # lock.sh runs in requirements/: the venv's paths are absolute
     assert lock[-2:] == [".venv/bin/python -m pip install --quiet uv",
-                         "UV=.venv/bin/uv PYTHON=.venv/bin/python bash requirements/lock.sh"]
+                         f"UV={REPO}/.venv/bin/uv PYTHON={REPO}/.venv/bin/python bash requirements/lock.sh"]
 
 
 def test_clean_keeps_the_venv_and_distclean_removes_it():
