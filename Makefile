@@ -6,24 +6,30 @@ PY := $(VENV)/bin/python
 TRAINER_STAMP := $(VENV)/.installed-trainer
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: setup demo test lint crd images lock kind-e2e clean distclean
+.PHONY: setup demo test lint crd images image-check lock kind-e2e clean distclean
 
 setup: $(DEV_STAMP)
 
-# pyproject.toml's trainer extra admits every supported torch; development pins the newest
-# (the CPU build on this disk; requirements/torch-<flavour>.lock pin the same for the image).
+# pyproject.toml's trainer extra admits every supported torch; development pins the newest (the CPU build on
+# this disk; requirements/trainer-<flavour>-<arch>.lock pin the same for the image). Without an NVIDIA GPU, torch's
+# CPU build from PyTorch's index is preferred to PyPI's CUDA build (2.5 GiB of NVIDIA wheels); where that index
+# does not answer within seconds, pip's own index serves (requirements/torch_source.py says which).
 TORCH_PIN := torch==2.13.0
+TORCH_SOURCE = $$($(PY) requirements/torch_source.py)
+SAY_TORCH = $(PY) -c 'import torch; print(f"make setup: installed torch {torch.__version__}")'
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
 $(TRAINER_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[trainer]' '$(TORCH_PIN)'
+	$(PY) -m pip install --quiet $(TORCH_SOURCE) -e '.[trainer]' '$(TORCH_PIN)'
+	$(SAY_TORCH)
 	touch $@
 
 # One install of both extras (a fresh `make test` resolves once); the trainer's is then installed too.
 $(DEV_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[trainer,dev]' '$(TORCH_PIN)'
+	$(PY) -m pip install --quiet $(TORCH_SOURCE) -e '.[trainer,dev]' '$(TORCH_PIN)'
+	$(SAY_TORCH)
 	touch $@ $(TRAINER_STAMP)
 
 # Prepares the standard library's sources with a BPE it trains (once), then trains and evaluates
@@ -47,23 +53,22 @@ $(DEMO_DATA)/manifest.json: $(TRAINER_STAMP)
 test: setup
 	$(PY) -m pytest -q
 
-# Both images (Dockerfile targets). Name them with TRAINER_IMAGE / OPERATOR_IMAGE;
-# TRAINER_BUILD_ARGS picks a CUDA base, e.g. "--build-arg BASE_IMAGE=... --build-arg TORCH_FLAVOUR=cu128".
+# Both images (Dockerfile targets) with docker, else buildah, else podman (deploy/images/build.sh): name them with
+# TRAINER_IMAGE / OPERATOR_IMAGE; TORCH_FLAVOUR=cu130 makes the CUDA trainer.
 images:
-	docker build --target trainer --tag $(or $(TRAINER_IMAGE),brain-train/trainer:dev) $(TRAINER_BUILD_ARGS) .
-	docker build --target operator --tag $(or $(OPERATOR_IMAGE),brain-train/operator:dev) .
+	bash deploy/images/build.sh
 
-# The images' hashed locks, from requirements/*.in; run after changing a dependency. torch-$(TORCH_FLAVOUR).lock
-# is torch's build for that flavour (cpu, cu128, ...) from its index at download.pytorch.org, with its dependencies.
-TORCH_FLAVOUR ?= cpu
-PIP_COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --no-strip-extras --no-emit-index-url \
-	--no-emit-find-links
-lock:
-	$(PY) -m pip install --quiet pip-tools
-	$(PIP_COMPILE) --output-file=requirements/trainer.lock requirements/trainer.in
-	$(PIP_COMPILE) --output-file=requirements/operator.lock requirements/operator.in
-	$(PIP_COMPILE) --extra-index-url https://download.pytorch.org/whl/$(TORCH_FLAVOUR) \
-		--output-file=requirements/torch-$(TORCH_FLAVOUR).lock requirements/torch-$(TORCH_FLAVOUR).in
+# Builds both images and runs them (deploy/images/check.sh): the trainer trains a few steps as uid 1000 and stops
+# on SIGTERM with a checkpoint; the operator answers --help and has no torch. Builds its own Debian base where
+# Docker Hub is unreachable.
+image-check:
+	bash deploy/images/check.sh
+
+# The images' hashed locks from requirements/*.in, for amd64 and arm64 (requirements/lock.sh, uv reads the
+# hashes from the indexes: no wheel is downloaded); run after changing a dependency.
+lock: | $(PY)
+	$(PY) -m pip install --quiet uv
+	UV=$(CURDIR)/$(VENV)/bin/uv PYTHON=$(CURDIR)/$(PY) bash requirements/lock.sh
 
 # End to end on kind (docker, kind, kubectl, helm): DRY_RUN=1 prints the plan, TEARDOWN=1 deletes the cluster.
 kind-e2e:

@@ -4,6 +4,8 @@
 #
 #   bash benchmarks/gpu_check.sh            # PYTHON=python3 by default; LOGS=DIR keeps each step's output there
 #
+# 0. with IMAGE=<the trainer's -cuda image> (and docker with NVIDIA's container toolkit): that image's torch sees
+#    the GPU;
 # 1. imports: the trainer and `braintrain run` import (and kopf, the operator's, is not needed);
 # 2. run + resume: `braintrain run` end to end with NCCL on benchmarks/gpu_check.yaml (checkpoints at steps 20
 #    and 40), then the same job with 80 steps, which must resume from step 40;
@@ -61,6 +63,11 @@ step() {
 row() {
     ROWS+=("$(printf '%-12s %-8s %5s s  %s' "$1" "ok" "$LAST_SECONDS" "$2")")
 }
+
+# 0. The CUDA trainer image: its torch (PyPI's CUDA 13.0 build) on this machine's GPU.
+if [[ -n "${IMAGE:-}" ]] && step image 300 docker run --rm --gpus all --entrypoint python "$IMAGE" -c 'import torch; assert torch.cuda.is_available(), "torch sees no GPU"; print(f"{torch.__version__} on {torch.cuda.get_device_name()}")'; then
+    row image "$IMAGE: $(tail -n 1 "$LOGS/image.log")"
+fi
 
 # 1. Imports: what `braintrain run` and the trainer load, without kopf.
 if step imports 20 "$PYTHON" -c '

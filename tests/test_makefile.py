@@ -18,9 +18,11 @@ from processes import run
 
 REPO = Path(__file__).resolve().parents[1]
 MAKE = shutil.which("make")
-# With the torch development pins (the supported range would let pip pick another build).
-TRAINER_ONLY = "-m pip install --quiet -e '.[trainer]' 'torch==2.13.0'"
-WITH_DEV = "-m pip install --quiet -e '.[trainer,dev]' 'torch==2.13.0'"
+# With the torch development pins (the supported range would let pip pick another build), from the source
+# requirements/torch_source.py picks.
+TORCH_SOURCE = "$(.venv/bin/python requirements/torch_source.py)"
+TRAINER_ONLY = f"-m pip install --quiet {TORCH_SOURCE} -e '.[trainer]' 'torch==2.13.0'"
+WITH_DEV = f"-m pip install --quiet {TORCH_SOURCE} -e '.[trainer,dev]' 'torch==2.13.0'"
 DATA_CLAIM = "stdlib-tokens"
 
 BRAINTRAIN = f"""#!{sys.executable}
@@ -54,6 +56,20 @@ def test_the_demo_installs_the_trainer_extra_and_the_tests_the_dev_extra_too():
     test = dry_run("test")
     assert any(line.endswith(WITH_DEV) for line in test), test
     assert test[-1] == ".venv/bin/python -m pytest -q"
+
+
+def test_setup_says_which_torch_it_installed():
+    setup = dry_run("setup")
+    install = next(i for i, line in enumerate(setup) if line.endswith(WITH_DEV))
+    assert setup[install + 1].endswith("""-c 'import torch; print(f"make setup: installed torch {torch.__version__}")'""")
+
+
+def test_the_image_targets_run_their_scripts_and_lock_installs_uv_first():
+    assert dry_run("images") == ["bash deploy/images/build.sh"]
+    assert dry_run("image-check") == ["bash deploy/images/check.sh"]
+    lock = make("-n", "lock").splitlines()  # lock.sh runs in requirements/: the venv's paths are absolute
+    assert lock[-2:] == [".venv/bin/python -m pip install --quiet uv",
+                         f"UV={REPO}/.venv/bin/uv PYTHON={REPO}/.venv/bin/python bash requirements/lock.sh"]
 
 
 def test_clean_keeps_the_venv_and_distclean_removes_it():

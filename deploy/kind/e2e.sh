@@ -6,8 +6,10 @@
 #   make kind-e2e DRY_RUN=1      # print every step, run nothing
 #   make kind-e2e TEARDOWN=1     # delete the cluster when done, pass or fail
 #
-# CLUSTER and TIMEOUT override the cluster name and the wait. The images keep
-# `make images`' default names: the example job names the trainer image itself.
+# CLUSTER and TIMEOUT override the cluster name and the wait. The images are
+# built (with docker, which kind loads from) under the names the chart's
+# defaults and the release use, ghcr.io/brain-ai/brain-train-*:<appVersion>,
+# which the example job names too (tests/test_release_names.py).
 set -euo pipefail
 
 # The script's folder without `dirname`: the tool check must work on a bare PATH.
@@ -18,8 +20,8 @@ CLUSTER="${CLUSTER:-brain-e2e}"
 TIMEOUT="${TIMEOUT:-15m}"
 DRY_RUN="${DRY_RUN:-0}"
 TEARDOWN="${TEARDOWN:-0}"
-TRAINER_IMAGE="brain-train/trainer:dev"
-OPERATOR_IMAGE="brain-train/operator:dev"
+TRAINER_IMAGE="ghcr.io/brain-ai/brain-train-trainer:0.1.0"
+OPERATOR_IMAGE="ghcr.io/brain-ai/brain-train-operator:0.1.0"
 RELEASE="brain-operator"
 OPERATOR_NAMESPACE="brain-system"
 JOB_NAMESPACE="brain-jobs"
@@ -112,7 +114,7 @@ main() {
     fi
 
     step "Build images ${TRAINER_IMAGE} and ${OPERATOR_IMAGE}"
-    run make --directory "${ROOT}" images "TRAINER_IMAGE=${TRAINER_IMAGE}" "OPERATOR_IMAGE=${OPERATOR_IMAGE}"
+    run make --directory "${ROOT}" images "TRAINER_IMAGE=${TRAINER_IMAGE}" "OPERATOR_IMAGE=${OPERATOR_IMAGE}" ENGINE=docker
 
     step "Load images into kind"
     run kind load docker-image --name "${CLUSTER}" "${TRAINER_IMAGE}" "${OPERATOR_IMAGE}"

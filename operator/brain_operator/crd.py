@@ -226,8 +226,9 @@ _RENDERING = f"""## What a job becomes
 For a job `J`, the `elastic` backend (default) creates a headless Service `J-workers`, a ConfigMap
 `J-config` holding the resolved `trainer.yaml` (mounted read-only at `{CONFIG_DIR}`), a PVC
 `J-checkpoints` when `checkpoint.volumeClaimTemplate` is set, a PodGroup `J` when `scheduling.gang` names a
-gang scheduler, and pods `J-worker-0..nodes-1` running
-`torchrun -m brain_trainer --config {CONFIG_PATH}` with c10d rendezvous on `J-worker-0.J-workers:{RDZV_PORT}`.
+gang scheduler, and pods `J-worker-0..nodes-1` running torchrun's quiet agent under `tini` as PID 1
+(`tini -- python -m brain_trainer.agent -m brain_trainer --config {CONFIG_PATH}`) with c10d rendezvous on
+`J-worker-0.J-workers:{RDZV_PORT}`.
 The `pytorchjob` backend creates the ConfigMap, the PVC and a Kubeflow `kubeflow.org/v1` PyTorchJob instead:
 Master + Worker for a fixed size, Workers with an `elasticPolicy` when `elastic.minNodes < elastic.maxNodes`.
 Every child but the checkpoint PVC is owned by the job; the PVC is too only with

@@ -132,10 +132,10 @@ def test_pods_identity(objects):
         assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-queue"
 
 
-def test_exec_form_torchrun(objects):
+def test_exec_form_torchrun_agent_under_tini(objects):
     for pod in by_kind(objects, "Pod"):
         (c,) = pod["spec"]["containers"]
-        assert c["command"] == ["torchrun"]
+        assert c["command"] == ["tini", "--", "python", "-m", "brain_trainer.agent"]
         assert c["args"] == ["-m", "brain_trainer", "--config", "/etc/brain/trainer.yaml"]
         assert c["image"] == "registry.example/trainer:1.0"
 

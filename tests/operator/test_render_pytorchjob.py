@@ -67,7 +67,7 @@ def test_fixed_size_job_is_master_plus_workers():
         pod = specs[role].template.spec
         (c,) = pod.containers
         assert c.name == "pytorch"  # where the training operator injects its variables
-        assert c.command == ["torchrun"] and c.args == ["-m", "brain_trainer", "--config", "/etc/brain/trainer.yaml"]
+        assert c.command == ["tini", "--", "python", "-m", "brain_trainer.agent"] and c.args == ["-m", "brain_trainer", "--config", "/etc/brain/trainer.yaml"]
         env = {e.name: e.value for e in c.env}
         assert env["NCCL_DEBUG"] == "WARN" and env["PYTHONUNBUFFERED"] == "1"
         # The training operator sets torchrun's other variables; it has none for the shutdown timeout.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from brain_trainer.contract import (
+    AGENT_MODULE,
     CHECKPOINT_CLAIM_ENV,
     CONFIG_FILE,
     FAIL_FAST_ENV,
@@ -40,8 +41,10 @@ from ...spec.owned import (
 )
 
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
-# torchrun reads its settings from PET_* variables; the trainer from the ConfigMap.
-COMMAND = ("torchrun",)
+# torchrun reads its settings from PET_* variables; the trainer from the ConfigMap. The trainer image's entrypoint
+# (Dockerfile): tini as PID 1 (reaps orphans, forwards SIGTERM) running torchrun's agent, quiet when stopped, as
+# local runs do (contract.AGENT_MODULE); written out because a pod's command replaces the image's entrypoint.
+COMMAND = ("tini", "--", "python", "-m", AGENT_MODULE)
 # torchrun's own variables that a local run sets differently.
 RDZV_ENDPOINT_ENV = "PET_RDZV_ENDPOINT"
 RDZV_CONF_ENV = "PET_RDZV_CONF"
