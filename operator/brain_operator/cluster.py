@@ -156,6 +156,10 @@ class ClusterClient(Protocol):
         """JSON merge patch of a BrainTrainingJob's status subresource (None removes a key); with the
         `resource_version` it was planned from, a write since is a Conflict. Returns the new resourceVersion."""
 
+    def patch_pod_status(self, ref: ObjectRef, status: Mapping[str, Any], resource_version: str) -> None:
+        """JSON merge patch of a pod's status subresource (pods/status), applied only to `resource_version`: a
+        write since is a Conflict; a pod gone is fine (lost_pods.py)."""
+
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         """Record a Kubernetes Event on the job; best effort, never fails the reconcile."""
 
@@ -330,6 +334,17 @@ class KubernetesClient:
         except ConflictError as err:
             raise Conflict(f"patch {KIND} {namespace}/{name} status: {err.summary()}") from err
         return (written.to_dict().get("metadata") or {}).get("resourceVersion")
+
+    def patch_pod_status(self, ref: ObjectRef, status: Mapping[str, Any], resource_version: str) -> None:
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        try:
+            self._call(f"patch {ref} status", lambda: self._resource(ref.api_version, ref.kind).status.patch(
+                body=body, name=ref.name, namespace=ref.namespace, content_type=MERGE_PATCH,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS))
+        except NotFoundError:
+            pass
+        except ConflictError as err:
+            raise Conflict(f"patch {ref} status: {err.summary()}") from err
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         meta = job["metadata"]

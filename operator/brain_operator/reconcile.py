@@ -56,6 +56,7 @@ from .failure_policy import WorkerFailure, consequence, explain, first_cause
 from .incidents import ROOT, Exit, Verdict, judge, still_open
 from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
 from .logs import job_logger
+from .lost_pods import PodStatusPatch, fail_lost_pods
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION, worker_pod_name
 from .on_demand import answered_events, request_events
 from .stalled import stalled_status
@@ -111,6 +112,7 @@ class Plan:
     deletes: tuple[ObjectRef, ...] = ()
     patches: tuple[tuple[ObjectRef, dict], ...] = ()
     events: tuple[Event, ...] = ()
+    pod_statuses: tuple[PodStatusPatch, ...] = ()  # made first: lost_pods.py
 
 
 def reconcile(
@@ -354,10 +356,13 @@ def write_status(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, A
 def make_writes(
     the_plan: Plan, client: ClusterClient, job: Mapping[str, Any], created: Optional[Callable[[dict], None]] = None
 ) -> None:
-    """The status's events, then the children: deletions before creations, so a replaced pod's name is free
-    again; `created` hears of each object created (as stored)."""
+    """The status's events, then the children: a lost pod marked Failed before its replacement is created,
+    deletions before creations, so a replaced pod's name is free again; `created` hears of each object created
+    (as stored)."""
     for event in the_plan.events:
         client.post_event(job, event)
+    for lost in the_plan.pod_statuses:
+        client.patch_pod_status(lost.ref, lost.status, lost.resource_version)
     for ref in the_plan.deletes:
         client.delete(ref)
     for obj in the_plan.creates:
@@ -572,6 +577,7 @@ def _plan_elastic(
         patches=(*(() if terminal else _config_patches(desired, existing)),
                  *(_unretriable(job, existing) if queued and status.phase == FAILED else ())),
         events=tuple(_exit_events(before, status, reported, verdicts, policy.failure_policy)),
+        pod_statuses=tuple(fail_lost_pods(existing, now) if queued else ()),
     )
 
 

@@ -292,6 +292,45 @@ def test_a_failed_worker_that_kueue_keeps_is_replaced_at_once_under_a_new_name(t
     assert kept["metadata"]["deletionTimestamp"] and kept["metadata"]["finalizers"] == ["kueue.x-k8s.io/managed"]
 
 
+def test_a_lost_nodes_worker_under_kueue_is_marked_failed_through_its_status_before_its_replacement(tmp_path,
+                                                                                                   monkeypatch):
+    async def scenario():
+        async with operator(tmp_path, monkeypatch, spec={"scheduling": {"queueName": "q"}}, kueue=True) as (km, _):
+            for name in ("demo-worker-0", "demo-worker-1"):
+                response = await km.patch(f"{PODS}/{name}", headers=MERGE,
+                                          json={"metadata": {"finalizers": ["kueue.x-k8s.io/managed"]}})
+                assert response.status == 200
+            await both_workers_running(km)
+            mark = len(list(km))
+            # node-7 is lost, as in the test above; Kueue's finalizer holds the pod besides.
+            ended = handlers.utc_now() - timedelta(seconds=TERMINATING_MARGIN_SECONDS + 30)
+            response = await km.patch(f"{PODS}/demo-worker-1", headers=MERGE, json={
+                "metadata": {"deletionTimestamp": format_time(ended), "deletionGracePeriodSeconds": 300,
+                             "resourceVersion": "7"},
+                "spec": {"nodeName": "node-7"},
+                "status": {"conditions": [{"type": "Ready", "status": "False"}, {
+                    "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+                    "message": "Taint manager: deleting due to NoExecute taint"}]}})
+            assert response.status == 200
+            failed = await first_event(km, PODS, lambda o: o["metadata"]["name"] == "demo-worker-1"
+                                       and (o.get("status") or {}).get("phase") == "Failed", timeout=CONVERGED_WITHIN)
+            await first_event(km, PODS, pod_named("demo-worker-1-1"), timeout=CONVERGED_WITHIN)
+            warning = await first_event(km, f"/api/v1/namespaces/{NS}/events",
+                                        lambda e: e.get("reason") == STUCK_TERMINATING, timeout=CONVERGED_WITHIN)
+            return failed, warning, [(r.method, r.url.path, r.data) for r in list(km)[mark:] if is_cluster_client(r)]
+
+    failed, warning, calls = asyncio.run(scenario())
+    writes = [(method, path) for method, path, _ in calls if method in ("PATCH", "POST", "DELETE")]
+    status_patch = ("PATCH", f"{PODS}/demo-worker-1/status")
+    # Failed through pods/status, with the version read as its precondition, before the replacement's create.
+    assert writes.index(status_patch) < writes.index(("POST", PODS))
+    body = next(data for method, path, data in calls if (method, path) == status_patch)
+    assert body["metadata"] == {"resourceVersion": "7"} and body["status"]["phase"] == "Failed"
+    assert failed["metadata"]["finalizers"] == ["kueue.x-k8s.io/managed"]  # Kueue's to take off, never ours
+    assert ("DELETE", f"{PODS}/demo-worker-1") not in writes
+    assert "marks it Failed so Kueue counts it gone" in warning["message"]
+
+
 def test_a_preempted_worker_is_free_named_in_its_event_and_back_under_its_name(tmp_path, monkeypatch):
     async def scenario():
         async with operator(tmp_path, monkeypatch) as (km, _):
