@@ -158,6 +158,28 @@ async def set_pod(km, name, phase, *, ready=False, exit_code=None):
     assert response.status == 200
 
 
+async def kueue_finalizers(km):
+    """Kueue's webhook put its finalizer on each queued pod (kmock has no webhook: the test puts it)."""
+    for name in ("demo-worker-0", "demo-worker-1"):
+        response = await km.patch(f"{PODS}/{name}", headers=MERGE,
+                                  json={"metadata": {"finalizers": ["kueue.x-k8s.io/managed"]}})
+        assert response.status == 200
+
+
+async def lose_node(km, metadata):
+    """node-7 is lost: the taint manager deleted demo-worker-1, whose grace ended long ago, and no kubelet answers.
+    The API server keeps such a pod; kmock would drop one marked for deletion at once unless a finalizer holds
+    it: `metadata` adds one where Kueue's is not on, standing in for the kubelet that never confirms."""
+    ended = handlers.utc_now() - timedelta(seconds=TERMINATING_MARGIN_SECONDS + 30)
+    response = await km.patch(f"{PODS}/demo-worker-1", headers=MERGE, json={
+        "metadata": {"deletionTimestamp": format_time(ended), "deletionGracePeriodSeconds": 300, **metadata},
+        "spec": {"nodeName": "node-7"},
+        "status": {"conditions": [{"type": "Ready", "status": "False"}, {
+            "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+            "message": "Taint manager: deleting due to NoExecute taint"}]}})
+    assert response.status == 200
+
+
 async def objects(km, path):
     response = await km.get(path)
     return (await response.json())["items"]
@@ -242,18 +264,7 @@ def test_a_worker_stuck_terminating_on_a_lost_node_is_replaced_under_a_new_name(
     async def scenario():
         async with operator(tmp_path, monkeypatch) as (km, _):
             await both_workers_running(km)
-            # node-7 is lost: the taint manager deleted the pod, whose grace ended long ago, and no kubelet answers.
-            # The API server keeps such a pod; kmock would drop one marked for deletion at once unless a finalizer
-            # holds it, so one stands in for the kubelet that never confirms.
-            ended = handlers.utc_now() - timedelta(seconds=TERMINATING_MARGIN_SECONDS + 30)
-            response = await km.patch(f"{PODS}/demo-worker-1", headers=MERGE, json={
-                "metadata": {"deletionTimestamp": format_time(ended), "deletionGracePeriodSeconds": 300,
-                             "finalizers": ["test.brain.ai/kubelet-never-confirms"]},
-                "spec": {"nodeName": "node-7"},
-                "status": {"conditions": [{"type": "Ready", "status": "False"}, {
-                    "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
-                    "message": "Taint manager: deleting due to NoExecute taint"}]}})
-            assert response.status == 200
+            await lose_node(km, {"finalizers": ["test.brain.ai/kubelet-never-confirms"]})
             replacement = await first_event(km, PODS, pod_named("demo-worker-1-1"), timeout=CONVERGED_WITHIN)
             warning = await first_event(km, f"/api/v1/namespaces/{NS}/events",
                                         lambda e: e.get("reason") == STUCK_TERMINATING, timeout=CONVERGED_WITHIN)
@@ -270,11 +281,8 @@ def test_a_worker_stuck_terminating_on_a_lost_node_is_replaced_under_a_new_name(
 def test_a_failed_worker_that_kueue_keeps_is_replaced_at_once_under_a_new_name(tmp_path, monkeypatch):
     async def scenario():
         async with operator(tmp_path, monkeypatch, spec={"scheduling": {"queueName": "q"}}, kueue=True) as (km, _):
-            # Kueue's webhook put its finalizer on each queued pod (kmock has no webhook: the test puts it).
+            await kueue_finalizers(km)
             for name in ("demo-worker-0", "demo-worker-1"):
-                response = await km.patch(f"{PODS}/{name}", headers=MERGE,
-                                          json={"metadata": {"finalizers": ["kueue.x-k8s.io/managed"]}})
-                assert response.status == 200
                 await set_pod(km, name, "Running", ready=True)
             await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
             await set_pod(km, "demo-worker-1", "Failed", exit_code=1)
@@ -296,22 +304,10 @@ def test_a_lost_nodes_worker_under_kueue_is_marked_failed_through_its_status_bef
                                                                                                    monkeypatch):
     async def scenario():
         async with operator(tmp_path, monkeypatch, spec={"scheduling": {"queueName": "q"}}, kueue=True) as (km, _):
-            for name in ("demo-worker-0", "demo-worker-1"):
-                response = await km.patch(f"{PODS}/{name}", headers=MERGE,
-                                          json={"metadata": {"finalizers": ["kueue.x-k8s.io/managed"]}})
-                assert response.status == 200
+            await kueue_finalizers(km)
             await both_workers_running(km)
             mark = len(list(km))
-            # node-7 is lost, as in the test above; Kueue's finalizer holds the pod besides.
-            ended = handlers.utc_now() - timedelta(seconds=TERMINATING_MARGIN_SECONDS + 30)
-            response = await km.patch(f"{PODS}/demo-worker-1", headers=MERGE, json={
-                "metadata": {"deletionTimestamp": format_time(ended), "deletionGracePeriodSeconds": 300,
-                             "resourceVersion": "7"},
-                "spec": {"nodeName": "node-7"},
-                "status": {"conditions": [{"type": "Ready", "status": "False"}, {
-                    "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
-                    "message": "Taint manager: deleting due to NoExecute taint"}]}})
-            assert response.status == 200
+            await lose_node(km, {"resourceVersion": "7"})
             failed = await first_event(km, PODS, lambda o: o["metadata"]["name"] == "demo-worker-1"
                                        and (o.get("status") or {}).get("phase") == "Failed", timeout=CONVERGED_WITHIN)
             await first_event(km, PODS, pod_named("demo-worker-1-1"), timeout=CONVERGED_WITHIN)
