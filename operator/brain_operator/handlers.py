@@ -25,7 +25,11 @@ until then.
 kopf keeps its bookkeeping in annotations under the `brain.ai/` prefix, not
 in `status`. There is no finalizer: children carry owner references and
 are garbage-collected with the job, except a checkpoint claim kept by
-`reclaimPolicy: Retain`, which an Event on the deleted job names.
+`reclaimPolicy: Retain`, which an Event on the deleted job names. A queued
+job's Kueue pod group, which the garbage collector cannot end, is ended on
+the job's DELETED event and, for a job deleted while the operator was down
+or whose event was lost, on any pass that finds the job gone while its pods
+remain (orphans.py): every such pod's event starts one.
 """
 
 from __future__ import annotations
@@ -56,9 +60,10 @@ from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
 from .names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
+from .orphans import ended_groups
 from .pods import RUNNING as POD_RUNNING
 from .progress import POLL_SECONDS
-from .reconcile import Observed, deletion_deletes, deletion_events, progress_pods, reconcile
+from .reconcile import POD, Observed, deletion_deletes, deletion_events, progress_pods, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults
 
 log = logging.getLogger(__name__)
@@ -224,6 +229,8 @@ def reconcile_job(
     with context.lock(namespace, name), context.metrics.reconcile():
         manifest = context.client.get_job(namespace, name)
         context.remember(namespace, name, manifest is not None)
+        if manifest is None:
+            end_orphaned_groups(context, namespace, name)
         status = None if manifest is None else reconcile(
             manifest, context.client, context.clock(), context.defaults, context.observed, progress, context.apis,
             context.expectations,
@@ -233,6 +240,15 @@ def reconcile_job(
         # Under the job's lock: a slower reconcile must not record its older phase after a newer one.
         context.metrics.observe_phase(namespace, name, None if status is None else status.get("phase"))
     return status
+
+
+def end_orphaned_groups(context: Context, namespace: str, name: str) -> None:
+    """The Kueue pod groups a gone job's pods are still held in, ended by deleting their Workloads (orphans.py)."""
+    seen = context.observed(namespace, name, POD) if context.observed is not None else None
+    pods = seen if seen is not None else context.client.list_children(*POD, namespace, name)
+    for ref in ended_groups(pods):
+        job_logger(log, namespace, name).info("the job is gone: ending its Kueue pod group (deleting %s)", ref)
+        context.client.delete(ref)
 
 
 def handle(context: Context, namespace: str, name: str, progress: Optional[dict[str, Any]] = None) -> None:

@@ -57,6 +57,7 @@ from .incidents import ROOT, Exit, Verdict, judge, still_open
 from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
 from .logs import job_logger
 from .lost_pods import PodStatusPatch, fail_lost_pods
+from .orphans import ended_groups
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION, worker_pod_name
 from .on_demand import answered_events, request_events
 from .stalled import stalled_status
@@ -451,7 +452,7 @@ def plan(
     """Everything one reconcile decides, for either backend; `progress` is rank 0's document if it was asked for.
 
     `leftovers` are children an earlier job of this name left (reconcile.owned): until they are gone nothing is
-    created.
+    created, and a Kueue pod group of theirs is ended (orphans.py).
     """
     existing = {ObjectRef.of(c): c for c in children}
     before = JobStatus.read(previous)
@@ -460,7 +461,7 @@ def plan(
     else:
         the_plan = _plan_elastic(job, desired, existing, before, now, earlier_job(leftovers))
     if leftovers:
-        the_plan = replace(the_plan, creates=())
+        the_plan = replace(the_plan, creates=(), deletes=(*the_plan.deletes, *ended_groups(leftovers, job.uid)))
     status = the_plan.status
     if reports_progress(job.spec.backend, status.phase):
         # Before the Stalled condition, which reads the progress time.

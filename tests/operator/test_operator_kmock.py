@@ -87,15 +87,18 @@ class FaultyEmulator(Emulator):
 
 
 @contextlib.asynccontextmanager
-async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, **client_options):
+async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, before=(), job=True, **client_options):
     """kmock serving our resources, and the kopf operator running against it; yields (kmock, waits asked).
 
     The job's spec takes `spec`'s keys; `kueue` serves Kueue's Workload API, which the operator's discovery must
-    see (and be allowed to list) before it runs a queued job."""
+    see (and be allowed to list) before it runs a queued job. `before` are (path, object)s already there when
+    the operator starts; without `job` no job is created."""
     async with FaultyEmulator() as km, kmock.Server(km):
         serve_resources(km, tmp_path, monkeypatch)
         if kueue:
             serve_kueue(km)
+        for path, body in before:
+            assert (await km.post(path, json=body)).status == 200
         waits = []
 
         def sleep(seconds):  # the client's retry waits, recorded and really waited
@@ -111,18 +114,24 @@ async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, **client_op
             memo=kopf.Memo(context=handlers.Context(client=client, defaults=OperatorDefaults(image="img:1"))),
         ))
         try:
-            created = await km.post(JOBS, json=manifest(meta={"uid": "uid-1", "generation": 1, "resourceVersion": "1"},
-                                                        **(spec or {})))
-            assert created.status == 200
-            await first_event(km, PODS, pod_named("demo-worker-0"))
-            await first_event(km, PODS, pod_named("demo-worker-1"))
-            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Pending")
+            if job:
+                await create_demo(km, spec)
             yield km, waits
         finally:
             for session in km.clients:  # the test's kept-alive connections, else kopf waits 5 s for their handlers
                 await session.close()
             stop.set()
             await asyncio.wait_for(task, 30)
+
+
+async def create_demo(km, spec):
+    """The demo job created; the operator has made its two pods and said Pending."""
+    created = await km.post(JOBS, json=manifest(meta={"uid": "uid-1", "generation": 1, "resourceVersion": "1"},
+                                                **(spec or {})))
+    assert created.status == 200
+    await first_event(km, PODS, pod_named("demo-worker-0"))
+    await first_event(km, PODS, pod_named("demo-worker-1"))
+    await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Pending")
 
 
 def serve_kueue(km):
@@ -325,6 +334,30 @@ def test_a_lost_nodes_worker_under_kueue_is_marked_failed_through_its_status_bef
     assert failed["metadata"]["finalizers"] == ["kueue.x-k8s.io/managed"]  # Kueue's to take off, never ours
     assert ("DELETE", f"{PODS}/demo-worker-1") not in writes
     assert "marks it Failed so Kueue counts it gone" in warning["message"]
+
+
+def test_an_operator_started_after_a_queued_job_was_deleted_ends_its_kueue_group(tmp_path, monkeypatch):
+    workloads = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads"
+    # What a queued job deleted while no operator ran leaves: its pods, deleted by the garbage collector and held
+    # by Kueue's finalizer, and their group's admitted Workload, held by Kueue's own.
+    leftovers = [(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"demo-worker-{i}", "namespace": NS, "deletionTimestamp": "2026-11-22T12:00:00Z",
+        "labels": {JOB_NAME_LABEL: "demo", "kueue.x-k8s.io/pod-group-name": "demo"},
+        "finalizers": ["kueue.x-k8s.io/managed"],
+        "ownerReferences": [{"apiVersion": API_VERSION, "kind": "BrainTrainingJob", "name": "demo", "uid": "uid-gone",
+                             "controller": True}]},
+        "spec": {"containers": [{"name": "trainer", "image": "img:1"}]}, "status": {"phase": "Failed"}})
+        for i in range(2)]
+    leftovers.append((workloads, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": {
+        "name": "demo", "namespace": NS, "finalizers": ["kueue.x-k8s.io/resource-in-use"]}, "spec": {}}))
+
+    async def scenario():
+        async with operator(tmp_path, monkeypatch, kueue=True, before=leftovers, job=False) as (km, _):
+            return await first_event(km, workloads, lambda o: bool(o["metadata"].get("deletionTimestamp")),
+                                     timeout=CONVERGED_WITHIN)
+
+    ended = asyncio.run(scenario())
+    assert ended["metadata"]["name"] == "demo"  # Kueue now stops and finalizes every pod of the group
 
 
 def test_a_preempted_worker_is_free_named_in_its_event_and_back_under_its_name(tmp_path, monkeypatch):

@@ -6,12 +6,20 @@ The real kopf operator against kmock shows the same where the operator's own wir
 
 from datetime import timedelta
 
+import kopf
 from fake_cluster import FakeCluster
 from test_kueue import admitted, finalized, queued_job
-from test_reconcile import T0, condition, step
+from test_reconcile import NS, T0, condition, step
 
+from brain_operator import handlers
+from brain_operator.cluster import ObjectRef
 from brain_operator.lost_pods import MESSAGE
-from brain_operator.waiting import STUCK_TERMINATING, TERMINATING_MARGIN_SECONDS
+from brain_operator.names import JOB_NAME_LABEL
+from brain_operator.schedulers import WORKLOAD
+from brain_operator.spec import OperatorDefaults
+from brain_operator.waiting import EARLIER_JOB, STUCK_TERMINATING, TERMINATING_MARGIN_SECONDS
+
+DEFAULTS = OperatorDefaults(image="img:1")
 
 GRACE = 300  # the worker pods' rendered terminationGracePeriodSeconds
 STUCK = T0 + timedelta(seconds=GRACE + TERMINATING_MARGIN_SECONDS)
@@ -56,3 +64,45 @@ def test_a_failed_job_with_a_worker_on_a_lost_node_ends_its_kueue_group_and_free
     finished = next(c for c in cluster.workload("j")["status"]["conditions"] if c["type"] == "Finished")
     assert finished["status"] == "True" and all(finalized(p) for p in cluster.pods().values())
 
+
+
+# ---- 2. a job deleted while the operator is down leaks nothing ----
+
+
+def deleted_while_down(cluster):
+    """A queued, admitted, running job deleted with no operator to see it: the garbage collector deletes its pods,
+    their kubelets stop them, and Kueue's finalizer keeps them (and the group's quota) for good."""
+    admitted(cluster, queued_job())
+    cluster.delete_job("j")
+    cluster.collect_garbage()
+    cluster.kubelet_confirms()
+    for _ in range(3):
+        cluster.kueue_sync()
+    assert sorted(cluster.pods()) == ["j-worker-0", "j-worker-1"] and cluster.workload("j") is not None
+
+
+def test_an_operator_back_after_a_job_was_deleted_ends_its_kueue_group_on_the_pods_events():
+    cluster = FakeCluster(kueue=True)
+    deleted_while_down(cluster)
+    context = handlers.Context(client=cluster, defaults=DEFAULTS, clock=lambda: T0)
+    # kopf's start lists every child: each pod's event starts a pass for its job, which is gone.
+    handlers.on_pod(labels={JOB_NAME_LABEL: "j"}, namespace=NS, memo=kopf.Memo(context=context))
+    assert ("delete", ObjectRef(*WORKLOAD, NS, "j")) in cluster.writes
+    cluster.kueue_sync()  # the Workload marked for deletion: Kueue stops and finalizes every pod of the group
+    assert cluster.pods() == {} and cluster.workload("j") is None
+
+
+def test_a_job_recreated_under_the_name_of_one_deleted_while_the_operator_was_down_starts():
+    cluster = FakeCluster(kueue=True)
+    deleted_while_down(cluster)
+    cluster.apply_job(queued_job())
+    status = step(cluster)
+    assert status["reason"] == EARLIER_JOB and cluster.kinds().count("Pod") == 2
+    assert ("delete", ObjectRef(*WORKLOAD, NS, "j")) in cluster.writes
+    cluster.kueue_sync()
+    step(cluster)
+    cluster.admit()
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == cluster.get_job(NS, "j")["metadata"]["uid"]
+               for p in cluster.pods().values())
+    assert sorted(cluster.pods()) == ["j-worker-0", "j-worker-1"]
+    assert not any(p["spec"]["schedulingGates"] for p in cluster.pods().values())
