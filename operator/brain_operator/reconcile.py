@@ -56,6 +56,8 @@ from .failure_policy import WorkerFailure, consequence, explain, first_cause
 from .incidents import ROOT, Exit, Verdict, judge, still_open
 from .job_status import FAILED, SUCCEEDED, VALID, JobStatus, read_status
 from .logs import job_logger
+from .kueue_integration import HOLD, ignored_by_kueue, still_ignored
+from .kueue_integration import message as ignored_message
 from .lost_pods import PodStatusPatch, fail_lost_pods
 from .orphans import ended_groups
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION, worker_pod_name
@@ -202,13 +204,22 @@ def _reconcile_once(
             children = with_expected(children, expectations.unseen(key, children, now))
         children += kueue_workloads(job, children, client)
         ours, leftovers = owned(job, children)
+        if still_ignored(ours):
+            return apply(plan_unavailable(manifest, ignored_message(job.spec.scheduling.queue_name), now), client,
+                         manifest)["status"]
         if refusal is not None and not any(_kind(child) in OVERLAID for child in ours):
             the_plan = plan_invalid(manifest, _errors(refusal), now)  # nothing runs the overlay: an invalid spec
         else:
             the_plan = plan(job, desired, ours, previous, now, progress, leftovers=leftovers)
             if refusal is not None:
                 the_plan = held_by_policy(the_plan, refusal, JobStatus.read(previous), now)
-    created = None if expectations is None else lambda obj: expectations.created(key, obj, now)
+    stored: list[dict] = []
+
+    def created(obj: dict) -> None:
+        stored.append(obj)
+        if expectations is not None:
+            expectations.created(key, obj, now)
+
     after = write_status(the_plan, client, manifest)
     try:
         make_writes(the_plan, client, after, created)
@@ -216,6 +227,11 @@ def _reconcile_once(
         # Over the status this pass wrote: the refusal, and its event once per message; then the handlers back off.
         apply(plan_refused(the_plan.status, err, now), client, after)
         raise
+    ignored = ignored_by_kueue(stored, job.spec.run_policy.suspend) if stored else []
+    for ref in ignored:  # kueue_integration.py: held suspended, and said so
+        client.patch(ref, HOLD)
+    if ignored:
+        after = apply(plan_unavailable(after, ignored_message(job.spec.scheduling.queue_name), now), client, after)
     return after["status"]
 
 

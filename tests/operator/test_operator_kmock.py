@@ -87,16 +87,20 @@ class FaultyEmulator(Emulator):
 
 
 @contextlib.asynccontextmanager
-async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, before=(), job=True, **client_options):
+async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, pytorchjob=False, before=(), job=True,
+                   **client_options):
     """kmock serving our resources, and the kopf operator running against it; yields (kmock, waits asked).
 
     The job's spec takes `spec`'s keys; `kueue` serves Kueue's Workload API, which the operator's discovery must
     see (and be allowed to list) before it runs a queued job. `before` are (path, object)s already there when
-    the operator starts; without `job` no job is created."""
+    the operator starts; without `job` no job is created; `pytorchjob` serves Kubeflow's PyTorchJob."""
     async with FaultyEmulator() as km, kmock.Server(km):
         serve_resources(km, tmp_path, monkeypatch)
         if kueue:
             serve_kueue(km)
+        if pytorchjob:
+            km.resources["kubeflow.org/v1/pytorchjobs"] = kmock.ResourceInfo(kind="PyTorchJob", namespaced=True,
+                                                                             verbs=VERBS)
         for path, body in before:
             assert (await km.post(path, json=body)).status == 200
         waits = []
@@ -358,6 +362,29 @@ def test_an_operator_started_after_a_queued_job_was_deleted_ends_its_kueue_group
 
     ended = asyncio.run(scenario())
     assert ended["metadata"]["name"] == "demo"  # Kueue now stops and finalizes every pod of the group
+
+
+def test_a_queued_pytorchjob_that_kueues_webhook_left_unsuspended_is_suspended_and_the_job_says_why(tmp_path,
+                                                                                                     monkeypatch):
+    pytorchjobs = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+
+    async def scenario():
+        # Kueue serves its Workload API but not the PyTorchJob integration: kmock, like that cluster, runs no webhook.
+        async with operator(tmp_path, monkeypatch, kueue=True, pytorchjob=True, job=False) as (km, _):
+            created = await km.post(JOBS, json=manifest(meta={"uid": "uid-1", "generation": 1, "resourceVersion": "1"},
+                                                        backend="pytorchjob", scheduling={"queueName": "q"}))
+            assert created.status == 200
+            held = await first_event(km, pytorchjobs, lambda o: ((o.get("spec") or {}).get("runPolicy") or {})
+                                     .get("suspend") is True, timeout=CONVERGED_WITHIN)
+            job = await first_event(km, JOBS, lambda o: any(c.get("type") == "Valid" and c.get("status") == "False"
+                                                            for c in (o.get("status") or {}).get("conditions") or ()),
+                                    timeout=CONVERGED_WITHIN)
+            return held, job
+
+    held, job = asyncio.run(scenario())
+    assert held["metadata"]["annotations"]["brain.ai/kueue-unmanaged"] == "true"
+    valid = next(c for c in job["status"]["conditions"] if c["type"] == "Valid")
+    assert valid["reason"] == "BackendUnavailable" and "integrations.frameworks" in valid["message"]
 
 
 def test_a_preempted_worker_is_free_named_in_its_event_and_back_under_its_name(tmp_path, monkeypatch):

@@ -7,12 +7,13 @@ The real kopf operator against kmock shows the same where the operator's own wir
 from datetime import timedelta
 
 import kopf
-from fake_cluster import FakeCluster
+from fake_cluster import KUEUE_FRAMEWORKS, POD_FRAMEWORK, FakeCluster
 from test_kueue import admitted, finalized, queued_job
-from test_reconcile import NS, T0, condition, step
+from test_reconcile import NS, T0, condition, manifest, step
 
 from brain_operator import handlers
 from brain_operator.cluster import ObjectRef
+from brain_operator.kueue_integration import UNMANAGED_ANNOTATION
 from brain_operator.lost_pods import MESSAGE
 from brain_operator.names import JOB_NAME_LABEL
 from brain_operator.schedulers import WORKLOAD
@@ -106,3 +107,40 @@ def test_a_job_recreated_under_the_name_of_one_deleted_while_the_operator_was_do
                for p in cluster.pods().values())
     assert sorted(cluster.pods()) == ["j-worker-0", "j-worker-1"]
     assert not any(p["spec"]["schedulingGates"] for p in cluster.pods().values())
+
+
+# ---- 3. a queued PyTorchJob that Kueue does not manage ----
+
+
+def pytorchjob(cluster):
+    return next(o for r, o in cluster.objects.items() if r.kind == "PyTorchJob")
+
+
+def test_a_queued_pytorchjob_kueue_does_not_manage_is_held_suspended_and_named_until_kueue_manages_it():
+    cluster = FakeCluster(kueue=True, kueue_frameworks=[POD_FRAMEWORK])
+    cluster.apply_job(manifest(backend="pytorchjob", scheduling={"queueName": "q"}))
+    status = step(cluster)
+    valid = condition(status, "Valid")
+    assert status["phase"] == "Failed" and valid["status"] == "False" and valid["reason"] == "BackendUnavailable"
+    assert "integrations.frameworks" in valid["message"] and '"kubeflow.org/pytorchjob"' in valid["message"]
+    # Suspended by the operator in the pass that created it: it never runs outside the queue's quota.
+    created_at = next(i for i, (kind, ref) in enumerate(cluster.writes) if kind == "create" and ref.kind == "PyTorchJob")
+    assert cluster.writes[created_at + 1] == ("patch", ObjectRef.of(pytorchjob(cluster)))
+    assert pytorchjob(cluster)["spec"]["runPolicy"]["suspend"] is True
+    assert [e.reason for _, e in cluster.events if e.type == "Warning"].count("BackendUnavailable") == 1
+    mark = len(cluster.writes)
+    assert step(cluster) == status and cluster.writes[mark:] == []  # said once; nothing more written
+    # Kueue's integration turned on: it makes a Workload for the suspended PyTorchJob and admits it.
+    cluster.kueue_frameworks = frozenset(KUEUE_FRAMEWORKS)
+    cluster.admit()
+    assert pytorchjob(cluster)["spec"]["runPolicy"]["suspend"] is False
+    status = step(cluster)
+    assert condition(status, "Valid")["status"] == "True" and status["phase"] != "Failed"
+
+
+def test_a_queued_pytorchjob_that_kueue_manages_is_left_to_kueue():
+    cluster = FakeCluster(kueue=True)
+    cluster.apply_job(manifest(backend="pytorchjob", scheduling={"queueName": "q"}))
+    status = step(cluster)
+    assert condition(status, "Valid")["status"] == "True"
+    assert UNMANAGED_ANNOTATION not in (pytorchjob(cluster)["metadata"].get("annotations") or {})
