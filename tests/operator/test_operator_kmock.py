@@ -88,7 +88,7 @@ class FaultyEmulator(Emulator):
 
 @contextlib.asynccontextmanager
 async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, pytorchjob=False, before=(), job=True,
-                   **client_options):
+                   kueue_version="v1beta2", **client_options):
     """kmock serving our resources, and the kopf operator running against it; yields (kmock, waits asked).
 
     The job's spec takes `spec`'s keys; `kueue` serves Kueue's Workload API, which the operator's discovery must
@@ -97,7 +97,7 @@ async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, pytorchjob=
     async with FaultyEmulator() as km, kmock.Server(km):
         serve_resources(km, tmp_path, monkeypatch)
         if kueue:
-            serve_kueue(km)
+            serve_kueue(km, kueue_version)
         if pytorchjob:
             km.resources["kubeflow.org/v1/pytorchjobs"] = kmock.ResourceInfo(kind="PyTorchJob", namespaced=True,
                                                                              verbs=VERBS)
@@ -138,10 +138,11 @@ async def create_demo(km, spec):
     await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Pending")
 
 
-def serve_kueue(km):
-    """Kueue's Workload API served, and every SelfSubjectAccessReview answered allowed (kmock would echo the review
-    back without a status)."""
-    km.resources["kueue.x-k8s.io/v1beta2/workloads"] = kmock.ResourceInfo(kind="Workload", namespaced=True, verbs=VERBS)
+def serve_kueue(km, version="v1beta2"):
+    """Kueue's Workload API served (at `version`), and every SelfSubjectAccessReview answered allowed (kmock would
+    echo the review back without a status)."""
+    km.resources[f"kueue.x-k8s.io/{version}/workloads"] = kmock.ResourceInfo(kind="Workload", namespaced=True,
+                                                                             verbs=VERBS)
     km.faults.append(Fault("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", 201, times=1000, body={
         "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": {},
         "status": {"allowed": True}}))
@@ -385,6 +386,29 @@ def test_a_queued_pytorchjob_that_kueues_webhook_left_unsuspended_is_suspended_a
     assert held["metadata"]["annotations"]["brain.ai/kueue-unmanaged"] == "true"
     valid = next(c for c in job["status"]["conditions"] if c["type"] == "Valid")
     assert valid["reason"] == "BackendUnavailable" and "integrations.frameworks" in valid["message"]
+
+
+def test_a_queued_job_runs_where_kueue_serves_only_v1beta1_workloads_and_reads_its_reason_there(tmp_path,
+                                                                                                  monkeypatch):
+    workloads = f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads"
+    waiting = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": {"name": "demo", "namespace": NS},
+               "spec": {}, "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                                      "message": "couldn't assign flavors to pod set main"}]}}
+
+    async def scenario():
+        async with operator(tmp_path, monkeypatch, spec={"scheduling": {"queueName": "q"}}, kueue=True,
+                            kueue_version="v1beta1", before=[(workloads, waiting)]) as (km, _):
+            # Kueue 0.14's webhook gated both pods (kmock has none: the test gates them).
+            for name in ("demo-worker-0", "demo-worker-1"):
+                response = await km.patch(f"{PODS}/{name}", headers=MERGE, json={
+                    "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}})
+                assert response.status == 200
+            return await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Queued",
+                                     timeout=CONVERGED_WITHIN)
+
+    job = asyncio.run(scenario())
+    queued = next(c for c in job["status"]["conditions"] if c["type"] == "Queued")
+    assert "couldn't assign flavors to pod set main" in queued["message"]
 
 
 def test_a_preempted_worker_is_free_named_in_its_event_and_back_under_its_name(tmp_path, monkeypatch):
