@@ -552,7 +552,8 @@ def _plan_elastic(
         judged = [ref for ref in fates if ref in new or ref in disrupted]
         step = before.progress.step if before.progress is not None else None
         found, incident = judge([_exit(existing[ref], fates[ref], now) for ref in judged],
-                                still_open(before.incident, step), _blocked(wanted, pods, existing), step)
+                                still_open(before.incident, step, now, job.spec.watchdog.startup_seconds),
+                                _blocked(wanted, pods, existing), step)
         verdicts = dict(zip(judged, found))
         incident = incident or before.incident
         pod_plan = _plan_pods(job, wanted, pods, live, restarts, failure, fates, new, verdicts, regroup, stuck, kept)
