@@ -732,6 +732,17 @@ class FakeCluster:
                      message="The node was low on resource: memory.",
                      conditions=[disruption_target("TerminationByKubelet", "The node was low on resource: memory.", self.now)])
 
+    def reject_pod(self, name: str, reason: str, message: str, *, node: str = "node-1",
+                   namespace: str = "default") -> None:
+        """The kubelet on `node` refuses to start the pod (its admit handlers: not enough of a device, the device
+        plugin not registered yet after a reboot, node affinity, a node shutting down): Failed with that reason
+        and "Pod was rejected: <message>", no container ever run (pkg/kubelet/kubelet.go HandlePodAdditions,
+        canAdmitPod then rejectPod)."""
+        pod = self.objects[ObjectRef("v1", "Pod", namespace, name)]
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {"phase": "Failed", "reason": reason, "message": f"Pod was rejected: {message}"}
+        self._stamp(pod)
+
     def preempt(self, name: str, *, namespace: str = "default") -> None:
         """The scheduler preempts the pod for a higher-priority one: DisruptionTarget PreemptionByScheduler, then a
         graceful delete (pkg/scheduler/framework/preemption/preemption.go, prepareCandidate)."""

@@ -144,3 +144,24 @@ def test_a_queued_pytorchjob_that_kueue_manages_is_left_to_kueue():
     status = step(cluster)
     assert condition(status, "Valid")["status"] == "True"
     assert UNMANAGED_ANNOTATION not in (pytorchjob(cluster)["metadata"].get("annotations") or {})
+
+
+# ---- 5. the smaller points ----
+
+
+def test_a_kubelet_admission_rejection_is_named_with_its_reason_and_costs_nothing_by_default():
+    cluster = FakeCluster()
+    cluster.apply_job(manifest())
+    step(cluster)
+    cluster.reject_pod("j-worker-1", "UnexpectedAdmissionError", "Allocate failed due to no healthy devices present")
+    status = step(cluster)
+    assert status["restarts"] == 0 and "j-worker-1" not in [p for p in cluster.pods()
+                                                             if cluster.pods()[p]["status"].get("phase") == "Failed"]
+    (event,) = [e for _, e in cluster.events if e.reason == "WorkerFailed"]
+    assert "admission-rejected: UnexpectedAdmissionError: Pod was rejected" in event.message
+    assert "runPolicy.failurePolicy.admissionRejected: RestartNotCounted" in event.message
+    charged = FakeCluster()
+    charged.apply_job(manifest(runPolicy={"failurePolicy": {"admissionRejected": "Restart"}}))
+    step(charged)
+    charged.reject_pod("j-worker-1", "OutOfnvidia.com/gpu", "Node didn't have enough resource: nvidia.com/gpu")
+    assert step(charged)["restarts"] == 1

@@ -220,7 +220,8 @@ def _action(default: str, why: str) -> Any:
 @dataclass
 class FailurePolicySpec:
     """What a worker failure leads to, by the reason the trainer names: Restart (counted against backoffLimit),
-    RestartNotCounted, or FailJob. One field per reason of brain_trainer.contract.REASONS."""
+    RestartNotCounted, or FailJob. One field per reason of brain_trainer.contract.REASONS, then the operator's
+    own (failure_policy.OPERATOR_REASONS)."""
 
     preempted: str = _action(RESTART_NOT_COUNTED, "the trainer was stopped (SIGTERM, eviction) and committed a checkpoint")
     storage_full: str = _action(FAIL_JOB, "the checkpoint volume is full: a restart fails the same way")
@@ -233,6 +234,10 @@ class FailurePolicySpec:
                           "not write it again")
     network_error: str = _action(RESTART, "a rank did not join the preflight all-reduce, or the network broke it")
     error: str = _action(RESTART, "anything else, including a pod that names no reason")
+    admission_rejected: str = _action(
+        RESTART_NOT_COUNTED, "the kubelet refused to start the pod (OutOfnvidia.com/gpu, UnexpectedAdmissionError, "
+        "NodeAffinity, NodeShutdown): its trainer never ran"
+    )
 
     def action(self, reason: str) -> str:
         return getattr(self, reason.replace("-", "_"))
