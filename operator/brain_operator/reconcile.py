@@ -544,7 +544,8 @@ def _plan_elastic(
         # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
         regroup = [ref for ref, p in live.items()
                    if p.index in wanted and _group_size(existing[ref]) != _group_size(wanted[p.index])]
-        failure = _deadline_failure(clock_start(before, job.created), policy.active_deadline_seconds, now)
+        failure = _deadline_failure(clock_start(before, job.created, _all_gated(live.values())),
+                                    policy.active_deadline_seconds, now)
         # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
         fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in live.items() if p.phase == FAILED}
         fates.update({ref: explain(existing[ref], policy.failure_policy) for ref in disrupted})
@@ -896,7 +897,7 @@ def _deadline_failure(started: Optional[str], deadline: Optional[int], now: date
     if deadline is None or not started or now - parse_time(started) < timedelta(seconds=deadline):
         return None
     return Failure(DEADLINE_EXCEEDED, f"not finished runPolicy.activeDeadlineSeconds={deadline} s after it was "
-                                      f"created or resumed ({started})")
+                                      f"created, admitted or resumed ({started})")
 
 
 def _ttl_expired(before: JobStatus, ttl: Optional[int], now: datetime) -> bool:

@@ -361,10 +361,18 @@ def _counted(
     )
 
 
-def clock_start(before: JobStatus, created: Optional[str]) -> Optional[str]:
-    """When the job's deadline clock started: `status.startTime`, else its creation (`created`) unless it is
-    just resuming from Suspended (then it starts now, as a Kubernetes Job's startTime is reset on resume)."""
-    return before.start_time or (created if before.phase != SUSPENDED else None)
+# Phases the deadline clock does not run in. A Kubernetes Job's startTime is set only while it is not suspended and
+# cleared when it is (pkg/controller/job/job_controller.go syncJob), and a job Kueue queues is suspended until its
+# admission: so a queued job's clock starts at admission, a suspended one's on resume.
+CLOCK_STOPPED = (SUSPENDED, QUEUED)
+
+
+def clock_start(before: JobStatus, created: Optional[str], queued: bool = False) -> Optional[str]:
+    """When the job's deadline clock started: None while Kueue holds every worker (`queued`), else `status.startTime`,
+    else its creation (`created`) unless it is just leaving Suspended or Queued (then it starts now: CLOCK_STOPPED)."""
+    if queued:
+        return None
+    return before.start_time or (created if before.phase not in CLOCK_STOPPED else None)
 
 
 def _moved(
@@ -375,11 +383,11 @@ def _moved(
     is the job's creationTimestamp."""
     reported = reported or {}
     start_time = out.start_time
-    if phase == SUSPENDED:
-        # As for a Kubernetes Job: the deadline clock restarts on resume.
+    if phase in CLOCK_STOPPED:
+        # As for a Kubernetes Job: the deadline clock starts again on resume or admission.
         start_time = None
     else:
-        # Pending and Queued included: activeDeadlineSeconds counts from here (reconcile._deadline_failure).
+        # Pending included: activeDeadlineSeconds counts from here (reconcile._deadline_failure).
         start_time = before.start_time or reported.get("startTime") or clock_start(before, created) or format_time(now)
     completion_time = out.completion_time
     if phase in TERMINAL and not completion_time:

@@ -165,3 +165,19 @@ def test_a_kubelet_admission_rejection_is_named_with_its_reason_and_costs_nothin
     step(charged)
     charged.reject_pod("j-worker-1", "OutOfnvidia.com/gpu", "Node didn't have enough resource: nvidia.com/gpu")
     assert step(charged)["restarts"] == 1
+
+
+def test_a_queued_jobs_deadline_starts_at_admission_as_a_jobs_start_time_does():
+    cluster = FakeCluster(kueue=True)
+    cluster.apply_job(queued_job(runPolicy={"activeDeadlineSeconds": 600}))
+    step(cluster)
+    cluster.kueue_sync()
+    week = T0 + timedelta(days=7)
+    status = step(cluster, week)
+    assert status["phase"] == "Queued" and "startTime" not in status  # a week in the queue: not failed
+    cluster.admit()
+    status = step(cluster, week)
+    assert status["phase"] != "Failed" and status["startTime"] == "2026-11-29T12:00:00Z"
+    status = step(cluster, week + timedelta(seconds=601))
+    assert status["phase"] == "Failed" and condition(status, "Failed")["reason"] == "DeadlineExceeded"
+    assert "created, admitted or resumed (2026-11-29T12:00:00Z)" in condition(status, "Failed")["message"]

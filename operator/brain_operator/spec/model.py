@@ -249,8 +249,8 @@ class RunPolicySpec:
 
     backoff_limit: int = setting(3, minimum=0, help="failed pods recreated (failurePolicy: Restart) before the job fails")
     active_deadline_seconds: Optional[int] = setting(
-        None, minimum=1, help="fail the job this long after it was created, as a Kubernetes Job: time Pending or "
-        "Queued counts, a span Suspended does not (the clock starts again on resume)"
+        None, minimum=1, help="fail the job this long after it started, as a Kubernetes Job: time Pending counts; "
+        "time Queued by Kueue and Suspended does not (the clock starts at admission, and again on resume)"
     )
     ttl_seconds_after_finished: Optional[int] = setting(
         None, minimum=0, help="delete the workers this long after the job finished; the job and its status stay"
