@@ -56,6 +56,7 @@ from .children import WATCH_SELECTOR, WATCHED, observed_child
 from .cluster import ClusterClient, KubernetesClient, Refused
 from .discovery import ServedApis
 from .expectations import Expectations
+from .ghosts import RELIST_SECONDS, ghosts
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
@@ -162,6 +163,8 @@ class Context:
     apis: Optional[ServedApis] = None
     # What each job's passes created and the watches have not shown yet (expectations.py).
     expectations: Expectations = field(default_factory=Expectations)
+    # The uids of index entries whose object is gone, their DELETED lost in a relist gap (ghosts.py).
+    ghosts: set[str] = field(default_factory=set)
     _jobs: set[tuple[str, str]] = field(default_factory=set)
     # Each job as its last pass left it (the status as written): what the next resync's progress ask starts from.
     _seen: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -286,21 +289,57 @@ async def retry_forever(context: Context) -> None:
         await asyncio.gather(*(asyncio.to_thread(handle, context, namespace, name) for namespace, name in due))
 
 
-def indexed(indexes: Mapping[tuple[str, str], kopf.Index]) -> Observed:
-    """Children from kopf's indexes by kind, copied out; None for a kind no index holds."""
+def indexed(indexes: Mapping[tuple[str, str], kopf.Index],
+            ghosts: Callable[[], Collection[str]] = frozenset) -> Observed:
+    """Children from kopf's indexes by kind, copied out, less the `ghosts` (uids: ghosts.py); None for a kind no
+    index holds."""
 
     def observed(namespace: str, name: str, kind: tuple[str, str]) -> Optional[list[dict]]:
         index = indexes.get(kind)
         if index is None:
             return None
-        store = index.get((namespace, name), ())
-        while True:
-            try:
-                return list(store)
-            except RuntimeError:
-                continue  # the watch (on the event loop's thread) changed the store mid-copy: copy again
+        gone = ghosts()
+        return [child for child in _copied(index.get((namespace, name), ()))
+                if (child.get("metadata") or {}).get("uid") not in gone]
 
     return observed
+
+
+def _copied(store: Any) -> list[dict]:
+    while True:
+        try:
+            return list(store)
+        except RuntimeError:
+            continue  # the watch (on the event loop's thread) changed the store mid-copy: copy again
+
+
+def find_ghosts(context: Context, indexes: Mapping[tuple[str, str], kopf.Index]) -> set[tuple[str, str]]:
+    """One check of the indexes against a fresh list per watched kind (ghosts.py): new ghosts are added to
+    `context.ghosts`; returns the jobs (namespace, name) that held a new one."""
+    jobs: set[tuple[str, str]] = set()
+    for kind, index in indexes.items():
+        held = {key: _copied(index.get(key, ())) for key in list(index.keys())}
+        try:
+            listed = [obj for namespace in context.namespaces for obj in context.client.list_objects(
+                *kind, namespace, label_selector=WATCH_SELECTOR)]
+        except Exception:  # noqa: BLE001 - the next check may succeed; until then the index is taken as it is
+            log.warning("listing %s %s to check the index failed", *kind, exc_info=True)
+            continue
+        found = ghosts([child for children in held.values() for child in children], listed) - context.ghosts
+        for key, children in held.items():
+            if any((child.get("metadata") or {}).get("uid") in found for child in children):
+                jobs.add(key)
+        context.ghosts = context.ghosts | found  # a new set: passes on other threads read the old one whole
+    return jobs
+
+
+async def relist_forever(context: Context, indexes: Mapping[tuple[str, str], kopf.Index],
+                         interval: float = RELIST_SECONDS) -> None:
+    """Every `interval`, find the index's ghosts and reconcile each job that held one."""
+    while True:
+        await asyncio.sleep(interval)
+        jobs = await asyncio.to_thread(find_ghosts, context, indexes)
+        await asyncio.gather(*(asyncio.to_thread(handle, context, namespace, name) for namespace, name in sorted(jobs)))
 
 
 @kopf.on.startup()
@@ -314,12 +353,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices:
     for api_version, _, plural, _ in WATCHED:
         # Server-side: only our children reach the operator, not every pod of the cluster.
         settings.watching.label_selectors[api_version, plural] = WATCH_SELECTOR
-    memo.context.observed = indexed({(api_version, kind): indices[index] for api_version, kind, _, index in WATCHED})
+    indexes = {(api_version, kind): indices[index] for api_version, kind, _, index in WATCHED}
+    memo.context.observed = indexed(indexes, lambda: memo.context.ghosts)
     # Before the first job: a job that needs what the cluster lacks is refused, not half created.
     await asyncio.to_thread(discover_apis, memo.context)
     memo.discovery = asyncio.create_task(discover_forever(memo.context))
     memo.resync = asyncio.create_task(resync_forever(memo.context))
     memo.retry = asyncio.create_task(retry_forever(memo.context))
+    memo.relist = asyncio.create_task(relist_forever(memo.context, indexes))
 
 
 @kopf.on.cleanup()
@@ -327,6 +368,7 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
     memo.discovery.cancel()
     memo.resync.cancel()
     memo.retry.cancel()
+    memo.relist.cancel()
 
 
 def discover_apis(context: Context) -> None:

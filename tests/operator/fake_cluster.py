@@ -291,14 +291,16 @@ class FakeCluster:
         return [copy.deepcopy(self.objects[ref]) for ref in sorted(refs) if ref in self.objects]
 
     def list_objects(self, api_version, kind, namespace, *, label_selector="", field_selector=""):
-        wanted = dict(pair.split("=", 1) for pair in (label_selector or field_selector).split(",") if pair)
+        """A LIST with a selector: `key=value` pairs, or a bare `key` (the label exists); namespace "" is every
+        namespace (k8s.io/apimachinery pkg/labels selector syntax)."""
+        pairs = [pair.split("=", 1) for pair in (label_selector or field_selector).split(",") if pair]
         out = []
         for ref, obj in sorted(self.objects.items()):
-            if (ref.api_version, ref.kind, ref.namespace) != (api_version, kind, namespace):
+            if (ref.api_version, ref.kind) != (api_version, kind) or namespace not in ("", ref.namespace):
                 continue
             meta = obj["metadata"]
             fields = {"metadata.name": meta["name"]} if field_selector else meta.get("labels") or {}
-            if all(fields.get(k) == v for k, v in wanted.items()):
+            if all(pair[0] in fields if len(pair) == 1 else fields.get(pair[0]) == pair[1] for pair in pairs):
                 out.append(copy.deepcopy(obj))
         return out
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 from fake_cluster import POD_FRAMEWORK, PYTORCHJOB_FRAMEWORK, FakeCluster, Watch
-from test_kueue import QUEUE, admitted, finalized, queued_job
+from test_kueue import admitted, finalized, queued_job
 from test_reconcile import NS, T0, manifest, step
 
 from brain_operator.cluster import Conflict, ObjectRef
@@ -80,11 +80,10 @@ def test_a_failed_groups_quota_is_held_while_a_lost_nodes_pod_still_runs():
 
 def test_kueue_leaves_a_queued_kind_alone_when_its_integration_is_not_enabled():
     cluster = FakeCluster(kueue=True, kueue_frameworks=[POD_FRAMEWORK])
-    cluster.apply_job(manifest(backend="pytorchjob", scheduling=QUEUE))
-    step(cluster)
+    pytorchjob = cluster.create({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {
+        "name": "j", "namespace": NS, "labels": {"kueue.x-k8s.io/queue-name": "q"}}, "spec": {"runPolicy": {}}})
     cluster.kueue_sync()
-    (pytorchjob,) = [o for r, o in cluster.objects.items() if r.kind == "PyTorchJob"]
-    assert not (pytorchjob["spec"].get("runPolicy") or {}).get("suspend")  # runs at once, outside any quota
+    assert not pytorchjob["spec"]["runPolicy"].get("suspend")  # would run at once, outside any quota
     assert not [r for r in cluster.objects if (r.api_version, r.kind) == WORKLOAD]
     pods = FakeCluster(kueue=True, kueue_frameworks=[PYTORCHJOB_FRAMEWORK])
     pods.apply_job(queued_job())
@@ -107,14 +106,20 @@ def test_a_job_deleted_while_no_operator_runs_goes_unless_a_finalizer_holds_it_a
     assert cluster.get_job(NS, "k") is None
 
 
-def test_a_child_deleted_in_a_relist_gap_stays_in_the_watchs_index_for_good():
-    cluster = FakeCluster()
+def worker_2_lost_in_a_relist_gap(cluster):
+    """A 3-worker job's watch breaks while its unscheduled worker 2 is deleted (gone at once): its DELETED is lost."""
     cluster.apply_job(manifest(nodes=3))
     step(cluster)
     watch = Watch(cluster)
     watch.gap()
-    cluster.delete(pod_ref("j-worker-2"))  # unscheduled: gone at once
+    cluster.delete(pod_ref("j-worker-2"))
     watch.relisted()
+    return watch
+
+
+def test_a_child_deleted_in_a_relist_gap_stays_in_the_watchs_index_for_good():
+    cluster = FakeCluster()
+    watch = worker_2_lost_in_a_relist_gap(cluster)
     for _ in range(3):
         watch.tick()
         names = sorted(p["metadata"]["name"] for p in watch(NS, "j", ("v1", "Pod")))

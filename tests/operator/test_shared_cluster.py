@@ -8,10 +8,12 @@ from datetime import timedelta
 
 import kopf
 from fake_cluster import KUEUE_FRAMEWORKS, POD_FRAMEWORK, FakeCluster
+from test_fake_shared_cluster import worker_2_lost_in_a_relist_gap
 from test_kueue import admitted, finalized, queued_job
 from test_reconcile import NS, T0, condition, manifest, step
 
 from brain_operator import handlers
+from brain_operator.children import WATCHED_KINDS
 from brain_operator.cluster import ObjectRef
 from brain_operator.kueue_integration import UNMANAGED_ANNOTATION
 from brain_operator.lost_pods import MESSAGE
@@ -181,3 +183,20 @@ def test_a_queued_jobs_deadline_starts_at_admission_as_a_jobs_start_time_does():
     status = step(cluster, week + timedelta(seconds=601))
     assert status["phase"] == "Failed" and condition(status, "Failed")["reason"] == "DeadlineExceeded"
     assert "created, admitted or resumed (2026-11-29T12:00:00Z)" in condition(status, "Failed")["message"]
+
+
+def test_a_child_whose_deleted_event_fell_in_a_relist_gap_is_found_by_the_relist_check_and_re_created():
+    cluster = FakeCluster()
+    watch = worker_2_lost_in_a_relist_gap(cluster)
+    # The index as kopf keeps it: every watched kind's entries by job, the ghost included.
+    indexes = {kind: {(NS, "j"): watch(NS, "j", kind)} for kind in WATCHED_KINDS}
+    context = handlers.Context(client=cluster, defaults=DEFAULTS, clock=lambda: T0)
+    context.observed = handlers.indexed(indexes, lambda: context.ghosts)
+    handlers.reconcile_job(context, NS, "j")
+    assert "j-worker-2" not in cluster.pods()  # the ghost holds the worker's place: nothing is re-created
+    assert handlers.find_ghosts(context, indexes) == {(NS, "j")}
+    handlers.reconcile_job(context, NS, "j")
+    assert "j-worker-2" in cluster.pods()
+    ghost = next(c for c in indexes[("v1", "Pod")][(NS, "j")] if c["metadata"]["name"] == "j-worker-2")
+    assert ghost["metadata"]["uid"] in context.ghosts  # kept out for good; the new pod has another uid
+    assert handlers.find_ghosts(context, indexes) == set()  # known: its job is not reconciled for it again
