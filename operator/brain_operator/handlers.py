@@ -439,8 +439,12 @@ def on_checkpoint_now(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> N
     handle(memo.context, namespace, name)
 
 
-def on_pod(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    """Any change to a child, a worker pod or another (a Service deleted by hand comes back at once)."""
+def on_pod(labels: kopf.Labels, namespace: str, memo: kopf.Memo, body: Optional[kopf.Body] = None, **_: Any) -> None:
+    """Any change to a child, a worker pod or another (a Service deleted by hand comes back at once); the event
+    observes the child's create (expectations.py)."""
+    uid = ((body or {}).get("metadata") or {}).get("uid")
+    if uid:
+        memo.context.expectations.observed(uid)
     handle(memo.context, namespace, labels[JOB_NAME_LABEL])
 
 

@@ -60,6 +60,7 @@ from .kueue_integration import HOLD, ignored_by_kueue, still_ignored
 from .kueue_integration import message as ignored_message
 from .lost_pods import PodStatusPatch, fail_lost_pods
 from .orphans import ended_groups
+from .regroup import in_transition, old_group_stays
 from .names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION, worker_pod_name
 from .on_demand import answered_events, request_events
 from .stalled import stalled_status
@@ -399,14 +400,16 @@ def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[
 def kueue_workloads(job: Job, children: Sequence[Mapping[str, Any]], client: ClusterClient) -> list[dict]:
     """Kueue's Workloads for a job it holds back (none otherwise: a running job costs no call).
 
-    A plain pod group's Workload is named after the group (the job); a
+    A plain pod group's Workload is named after the group (the job), and is
+    read also while the group may be changing (regroup.in_transition); a
     PyTorchJob's carries the PyTorchJob's uid in JOB_UID_LABEL, and is read
     also while the job's suspend is not yet applied to it (`_kueue_activation`).
     """
     if not job.spec.scheduling.queue_name:
         return []
     if job.spec.backend == "elastic":
-        if not _all_gated(pod_view(c) for c in children if _kind(c) == POD):
+        pods = [c for c in children if _kind(c) == POD]
+        if not _all_gated(pod_view(c) for c in pods) and not in_transition(job, pods):
             return []
         return client.list_objects(*WORKLOAD, job.namespace, field_selector=f"metadata.name={job.name}")
     noted = str(job.spec.run_policy.suspend).lower()
@@ -478,6 +481,8 @@ def plan(
         the_plan = _plan_elastic(job, desired, existing, before, now, earlier_job(leftovers))
     if leftovers:
         the_plan = replace(the_plan, creates=(), deletes=(*the_plan.deletes, *ended_groups(leftovers, job.uid)))
+    if old_group_stays(job, existing, the_plan.deletes):  # regroup.py: no pod of the new group yet
+        the_plan = replace(the_plan, creates=tuple(obj for obj in the_plan.creates if _kind(obj) != POD))
     status = the_plan.status
     if reports_progress(job.spec.backend, status.phase):
         # Before the Stalled condition, which reads the progress time.

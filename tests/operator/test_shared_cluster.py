@@ -200,3 +200,45 @@ def test_a_child_whose_deleted_event_fell_in_a_relist_gap_is_found_by_the_relist
     ghost = next(c for c in indexes[("v1", "Pod")][(NS, "j")] if c["metadata"]["name"] == "j-worker-2")
     assert ghost["metadata"]["uid"] in context.ghosts  # kept out for good; the new pod has another uid
     assert handlers.find_ghosts(context, indexes) == set()  # known: its job is not reconciled for it again
+
+
+# ---- 4. a resize under Kueue ----
+
+
+def test_a_resize_under_kueue_creates_no_pod_of_the_new_size_while_the_old_workload_exists():
+    cluster = FakeCluster(kueue=True)
+    elastic = {"minNodes": 1, "maxNodes": 4}
+    admitted(cluster, queued_job(elastic=elastic))
+    cluster.apply_job(queued_job(nodes=3, elastic=elastic))
+    mark = len(cluster.writes)
+    status = step(cluster, T0)
+    assert status["restarts"] == 0 and cluster.workload("j")["metadata"]["deletionTimestamp"]
+    assert [w for w in cluster.writes[mark:] if w[0] == "create"] == []  # the old group still holds the name
+    cluster.kueue_sync()  # Kueue stops and lets go every pod of the old group, then drops its Workload
+    assert cluster.workload("j") is None
+    step(cluster, T0 + timedelta(seconds=1))  # old pods still Terminating: their names are held, not their group
+    cluster.kubelet_confirms()
+    step(cluster, T0 + timedelta(seconds=2))
+    cluster.kueue_sync()
+    cluster.admit()
+    counts = {name: pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"]
+              for name, pod in cluster.pods().items()}
+    assert counts == {"j-worker-0": "3", "j-worker-1": "3", "j-worker-2": "3"}
+    assert not any(p["spec"]["schedulingGates"] for p in cluster.pods().values())
+    # No pod was ever deleted by Kueue before it ran, and nothing was reported as failed.
+    assert not [e for _, e in cluster.events if e.reason in ("WorkerFailed", "WorkerExited")]
+
+
+def test_a_created_pod_deleted_before_any_pass_saw_it_is_created_again_at_once_on_its_deleted_event():
+    cluster = FakeCluster(kueue=True)
+    cluster.apply_job(queued_job())
+    context = handlers.Context(client=cluster, defaults=DEFAULTS, clock=lambda: T0)
+    context.observed = lambda namespace, name, kind: []  # the watch has delivered nothing of them yet
+    handlers.reconcile_job(context, NS, "j")
+    gone = cluster.pods()["j-worker-1"]
+    # Kueue deletes it (gated, unscheduled: gone once finalized) before any pass saw it; its DELETED event comes.
+    cluster.delete(ObjectRef("v1", "Pod", NS, "j-worker-1"))
+    cluster.remove_finalizer("j-worker-1", "kueue.x-k8s.io/managed")
+    assert "j-worker-1" not in cluster.pods()
+    handlers.on_pod(labels={JOB_NAME_LABEL: "j"}, namespace=NS, memo=kopf.Memo(context=context), body=gone)
+    assert cluster.pods()["j-worker-1"]["metadata"]["uid"] != gone["metadata"]["uid"]  # not 5 minutes later
