@@ -82,6 +82,7 @@ from .status import (
     Observation,
     carried_refusal,
     clock_start,
+    container_restart_count,
     elastic_status,
     invalid_status,
     is_terminal,
@@ -765,6 +766,7 @@ def _plan_pytorchjob(
         now=now,
         queued=_kueue_reason(job, existing) if current is not None and _kueue_holds(job, current) else None,
         waiting=None if terminal else waiting(_kubeflow_pods(job, existing), now),
+        container_restarts=container_restart_count(_kubeflow_pods(job, existing)),
     )
     return Plan(
         status=status,

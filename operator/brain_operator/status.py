@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from brain_trainer.contract import format_time
 
@@ -62,6 +62,7 @@ __all__ = [
     "all_succeeded",
     "carried_refusal",
     "clock_start",
+    "container_restart_count",
     "elastic_status",
     "invalid_status",
     "is_terminal",
@@ -295,11 +296,15 @@ def pytorchjob_status(
     now: datetime,
     queued: Optional[tuple[str, str]] = None,
     waiting: Optional[Waiting] = None,
+    container_restarts: Optional[int] = None,
 ) -> JobStatus:
     """The new status of a job delegated to Kubeflow, read from its PyTorchJob's conditions.
 
     `queued` (Kueue's reason and message) while Kueue keeps the PyTorchJob suspended; `waiting`, why the pods
     Kubeflow made wait (waiting.py), names the reason of a Pending or Restarting job, as for the elastic backend.
+    `container_restarts`, the restartCount of Kubeflow's pods' containers summed (`container_restart_count`): each
+    rise since the last pass is a restart, as Kubeflow counts it against its backoffLimit (training-operator
+    pkg/controller.v1/common/job.go, pastBackoffLimit sums the restartCount of OnFailure replicas' containers).
     """
     kf_status = (pytorchjob or {}).get("status") or {}
     phase, reason, message, since = PENDING, "PyTorchJobPending", "waiting for the PyTorchJob", None
@@ -319,14 +324,25 @@ def pytorchjob_status(
         # Each new Restarting transition of the PyTorchJob is one restart; our
         # Restarting condition keeps its time, so a repeat read does not count twice.
         restarts += 1
+    if container_restarts is not None:
+        # Replaced pods start from 0 again: only a rise since the last pass is new.
+        restarts += max(0, container_restarts - (before.container_restarts or 0))
     workers = _kubeflow_workers(kf_status, desired)
     out = _counted(before, generation, workers, selector, restarts, strategy, effective_batch_size)
+    out = replace(out, container_restarts=container_restarts if container_restarts is not None
+                  else before.container_restarts)
     if not is_terminal(before):
         out = replace(out, reason=_waiting_reason(before, waiting))
         conditions = _conditions(before, phase, reason, message, now, valid=_VALID, since=since)
         out = _moved(out, before, phase, [*conditions, _workers_ready(before, phase, workers, waiting, now)], now,
                      reported=kf_status)
     return out
+
+
+def container_restart_count(pods: Iterable[Mapping[str, Any]]) -> int:
+    """The restartCount of the pods' containers, summed (restartPolicy OnFailure restarts them in place)."""
+    return sum(int(c.get("restartCount") or 0) for pod in pods
+               for c in (pod.get("status") or {}).get("containerStatuses") or ())
 
 
 def _kubeflow_workers(kf_status: Mapping[str, Any], desired: int) -> WorkerCounts:

@@ -242,3 +242,28 @@ def test_a_created_pod_deleted_before_any_pass_saw_it_is_created_again_at_once_o
     assert "j-worker-1" not in cluster.pods()
     handlers.on_pod(labels={JOB_NAME_LABEL: "j"}, namespace=NS, memo=kopf.Memo(context=context), body=gone)
     assert cluster.pods()["j-worker-1"]["metadata"]["uid"] != gone["metadata"]["uid"]  # not 5 minutes later
+
+
+def kubeflow_worker(cluster, restarts, uid="kf-1"):
+    """The training operator's pod for worker 0, its trainer container restarted in place `restarts` times."""
+    cluster.put({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "j-worker-0", "namespace": NS, "uid": uid,
+        "labels": {JOB_NAME_LABEL: "j", "training.kubeflow.org/job-name": "j"}},
+        "spec": {"containers": [{"name": "pytorch", "image": "img:1"}]},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "restartCount": restarts}]}})
+
+
+def test_pytorchjob_container_restarts_in_place_are_counted_once_each():
+    cluster = FakeCluster()
+    cluster.apply_job(manifest(backend="pytorchjob"))
+    step(cluster)
+    kubeflow_worker(cluster, 0)
+    assert step(cluster)["restarts"] == 0
+    kubeflow_worker(cluster, 2)  # OnFailure: the kubelet restarted the trainer twice in its pod
+    status = step(cluster)
+    assert status["restarts"] == 2 and status["containerRestarts"] == 2
+    assert step(cluster)["restarts"] == 2  # read again: not counted twice
+    kubeflow_worker(cluster, 0, uid="kf-2")  # the pod replaced: its count starts again
+    assert step(cluster)["restarts"] == 2
+    kubeflow_worker(cluster, 1, uid="kf-2")
+    assert step(cluster)["restarts"] == 3
