@@ -114,6 +114,10 @@ def disruption_target(reason: str, message: str, now: datetime) -> dict:
 # leave "kubeflow.org/pytorchjob" out too: a test says which it runs with; both on is the tests' usual cluster.
 POD_FRAMEWORK, PYTORCHJOB_FRAMEWORK = "pod", "kubeflow.org/pytorchjob"
 KUEUE_FRAMEWORKS = (POD_FRAMEWORK, PYTORCHJOB_FRAMEWORK)
+# Kueue's TAS index of a pod in its group, and the annotation naming the label to copy it from (kueue
+# apis/kueue/v1alpha1 topology_types.go PodGroupPodIndexLabel, PodGroupPodIndexLabelAnnotation; the pod webhook's
+# Default copies it).
+POD_INDEX_LABEL, POD_INDEX_LABEL_ANNOTATION = "kueue.x-k8s.io/pod-group-pod-index", "kueue.x-k8s.io/pod-group-pod-index-label"
 # Kueue's own names (kueue pkg/constants: ManagedByKueueLabelKey, ResourceInUseFinalizerName).
 KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"
 WORKLOAD_FINALIZER = "kueue.x-k8s.io/resource-in-use"
@@ -445,6 +449,10 @@ class FakeCluster:
             return
         if obj["kind"] == "Pod" and POD_FRAMEWORK in self.kueue_frameworks:
             obj["spec"].setdefault("schedulingGates", []).append({"name": ADMISSION_GATE})
+            # With Topology Aware Scheduling: the index Kueue places by, copied from the label the annotation names.
+            index_label = (obj["metadata"].get("annotations") or {}).get(POD_INDEX_LABEL_ANNOTATION)
+            if index_label is not None:
+                obj["metadata"]["labels"][POD_INDEX_LABEL] = obj["metadata"]["labels"].get(index_label, "")
             obj["metadata"].setdefault("finalizers", []).append(KUEUE_POD_FINALIZER)
             obj["metadata"]["labels"][KUEUE_MANAGED_LABEL] = "true"
         elif obj["kind"] == "PyTorchJob" and PYTORCHJOB_FRAMEWORK in self.kueue_frameworks:

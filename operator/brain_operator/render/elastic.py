@@ -10,6 +10,7 @@ from typing import Any
 
 from ..names import REPLICA_INDEX_LABEL, workers_service_name
 from ..schedulers import POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL
+from ..topology import placement
 from ..spec import Job
 from ..spec.owned import TRAINER_CONTAINER
 from .common import (
@@ -59,6 +60,9 @@ def build_worker_pod(job: Job, index: int) -> dict[str, Any]:
     if job.spec.scheduling.queue_name:
         labels[POD_GROUP_LABEL] = job.name
         annotations[POD_GROUP_COUNT_ANNOTATION] = str(job.spec.nodes)
+        placed_labels, placed_annotations = placement(job, index)
+        labels.update(placed_labels)
+        annotations.update(placed_annotations)
     spec = pod_spec(job, CONTAINER_NAME, worker.container, RESTART_POLICY)
     spec["hostname"] = worker.name
     spec["subdomain"] = workers_service_name(job.name)

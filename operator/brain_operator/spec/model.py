@@ -36,6 +36,7 @@ from .kube import (
     SUBDOMAIN_PATTERN,
 )
 from .overlay import PodTemplateOverlay, job_problems, within
+from .topology import topology_problems
 from .owned import CONFIG_DIR, SHM_DIR
 
 JOB_BACKENDS = ("elastic", "pytorchjob")
@@ -182,6 +183,23 @@ class NcclSpec:
 
 
 @dataclass
+class TopologySpec:
+    """Kueue's Topology Aware Scheduling of the workers: every worker within one domain of the node label (required),
+    or as few as fit (preferred); topology.py renders it."""
+
+    required: Optional[str] = setting(None, pattern=RESOURCE_NAME_PATTERN,
+                                      help="a node label (kubernetes.io/hostname, a rack or block label): all workers "
+                                      "in one of its domains, or none admitted")
+    preferred: Optional[str] = setting(None, pattern=RESOURCE_NAME_PATTERN,
+                                       help="a node label: workers in one of its domains if they fit, else in as few "
+                                       "domains of the levels above as they fit")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if (self.required is None) == (self.preferred is None):
+            yield "required", f"set either {name('required')} or {name('preferred')}"
+
+
+@dataclass
 class SchedulingSpec:
     """Where the pods may run."""
 
@@ -199,6 +217,10 @@ class SchedulingSpec:
     )
     volcano_queue: Optional[str] = setting(
         None, pattern=SUBDOMAIN_PATTERN, help="Volcano queue of the PodGroup (gang: volcano) or of the PyTorchJob's schedulingPolicy"
+    )
+    topology: Optional[TopologySpec] = setting(
+        None, help="topology-aware placement by Kueue (needs queueName): ranks ordered so consecutive ranks share the "
+        "lowest level"
     )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
@@ -296,6 +318,7 @@ class JobSpec(TrainerSections):
             data_mount, checkpoints = volume.mount_path, self.checkpoint.mount_path
             if within(data_mount, checkpoints) or within(checkpoints, data_mount):
                 yield "data.volume.mount_path", f"must not overlap {name('checkpoint.mount_path')} ({self.checkpoint.mount_path})"
+        yield from topology_problems(self, name)
         if self.scheduling.gang != GANG_NONE and self.backend != "elastic":
             yield (
                 "scheduling.gang",
