@@ -25,7 +25,11 @@ until then.
 kopf keeps its bookkeeping in annotations under the `brain.ai/` prefix, not
 in `status`. There is no finalizer: children carry owner references and
 are garbage-collected with the job, except a checkpoint claim kept by
-`reclaimPolicy: Retain`, which an Event on the deleted job names.
+`reclaimPolicy: Retain`, which an Event on the deleted job names. A queued
+job's Kueue pod group, which the garbage collector cannot end, is ended on
+the job's DELETED event and, for a job deleted while the operator was down
+or whose event was lost, on any pass that finds the job gone while its pods
+remain (backends/orphans.py): every such pod's event starts one.
 """
 
 from __future__ import annotations
@@ -47,18 +51,20 @@ import kopf
 from brain_trainer.contract import METRICS_PORT, PROGRESS_PATH
 
 from . import __version__
+from .backends.orphans import ended_groups
 from .cluster.backoff import Backoff, JobRetries
 from .cluster.children import WATCH_SELECTOR, WATCHED, observed_child
 from .cluster.client import ClusterClient, KubernetesClient, Refused
 from .cluster.discovery import ServedApis
 from .cluster.expectations import Expectations
+from .cluster.ghosts import RELIST_SECONDS, ghosts
 from .logs import configure as configure_logging
 from .logs import job_logger
 from .metrics import OperatorMetrics
 from .objects.names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
 from .objects.pods import RUNNING as POD_RUNNING
 from .status.progress import POLL_SECONDS
-from .reconcile import Observed, deletion_deletes, deletion_events, progress_pods, reconcile
+from .reconcile import POD, Observed, deletion_deletes, deletion_events, progress_pods, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults
 
 log = logging.getLogger(__name__)
@@ -157,6 +163,8 @@ class Context:
     apis: Optional[ServedApis] = None
     # What each job's passes created and the watches have not shown yet (cluster/expectations.py).
     expectations: Expectations = field(default_factory=Expectations)
+    # The uids of index entries whose object is gone, their DELETED lost in a relist gap (ghosts.py).
+    ghosts: set[str] = field(default_factory=set)
     _jobs: set[tuple[str, str]] = field(default_factory=set)
     # Each job as its last pass left it (the status as written): what the next resync's progress ask starts from.
     _seen: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
@@ -224,6 +232,8 @@ def reconcile_job(
     with context.lock(namespace, name), context.metrics.reconcile():
         manifest = context.client.get_job(namespace, name)
         context.remember(namespace, name, manifest is not None)
+        if manifest is None:
+            end_orphaned_groups(context, namespace, name)
         status = None if manifest is None else reconcile(
             manifest, context.client, context.clock(), context.defaults, context.observed, progress, context.apis,
             context.expectations,
@@ -233,6 +243,15 @@ def reconcile_job(
         # Under the job's lock: a slower reconcile must not record its older phase after a newer one.
         context.metrics.observe_phase(namespace, name, None if status is None else status.get("phase"))
     return status
+
+
+def end_orphaned_groups(context: Context, namespace: str, name: str) -> None:
+    """The Kueue pod groups a gone job's pods are still held in, ended by deleting their Workloads (backends/orphans.py)."""
+    seen = context.observed(namespace, name, POD) if context.observed is not None else None
+    pods = seen if seen is not None else context.client.list_children(*POD, namespace, name)
+    for ref in ended_groups(pods):
+        job_logger(log, namespace, name).info("the job is gone: ending its Kueue pod group (deleting %s)", ref)
+        context.client.delete(ref)
 
 
 def handle(context: Context, namespace: str, name: str, progress: Optional[dict[str, Any]] = None) -> None:
@@ -270,21 +289,57 @@ async def retry_forever(context: Context) -> None:
         await asyncio.gather(*(asyncio.to_thread(handle, context, namespace, name) for namespace, name in due))
 
 
-def indexed(indexes: Mapping[tuple[str, str], kopf.Index]) -> Observed:
-    """Children from kopf's indexes by kind, copied out; None for a kind no index holds."""
+def indexed(indexes: Mapping[tuple[str, str], kopf.Index],
+            ghosts: Callable[[], Collection[str]] = frozenset) -> Observed:
+    """Children from kopf's indexes by kind, copied out, less the `ghosts` (uids: ghosts.py); None for a kind no
+    index holds."""
 
     def observed(namespace: str, name: str, kind: tuple[str, str]) -> Optional[list[dict]]:
         index = indexes.get(kind)
         if index is None:
             return None
-        store = index.get((namespace, name), ())
-        while True:
-            try:
-                return list(store)
-            except RuntimeError:
-                continue  # the watch (on the event loop's thread) changed the store mid-copy: copy again
+        gone = ghosts()
+        return [child for child in _copied(index.get((namespace, name), ()))
+                if (child.get("metadata") or {}).get("uid") not in gone]
 
     return observed
+
+
+def _copied(store: Any) -> list[dict]:
+    while True:
+        try:
+            return list(store)
+        except RuntimeError:
+            continue  # the watch (on the event loop's thread) changed the store mid-copy: copy again
+
+
+def find_ghosts(context: Context, indexes: Mapping[tuple[str, str], kopf.Index]) -> set[tuple[str, str]]:
+    """One check of the indexes against a fresh list per watched kind (ghosts.py): new ghosts are added to
+    `context.ghosts`; returns the jobs (namespace, name) that held a new one."""
+    jobs: set[tuple[str, str]] = set()
+    for kind, index in indexes.items():
+        held = {key: _copied(index.get(key, ())) for key in list(index.keys())}
+        try:
+            listed = [obj for namespace in context.namespaces for obj in context.client.list_objects(
+                *kind, namespace, label_selector=WATCH_SELECTOR)]
+        except Exception:  # noqa: BLE001 - the next check may succeed; until then the index is taken as it is
+            log.warning("listing %s %s to check the index failed", *kind, exc_info=True)
+            continue
+        found = ghosts([child for children in held.values() for child in children], listed) - context.ghosts
+        for key, children in held.items():
+            if any((child.get("metadata") or {}).get("uid") in found for child in children):
+                jobs.add(key)
+        context.ghosts = context.ghosts | found  # a new set: passes on other threads read the old one whole
+    return jobs
+
+
+async def relist_forever(context: Context, indexes: Mapping[tuple[str, str], kopf.Index],
+                         interval: float = RELIST_SECONDS) -> None:
+    """Every `interval`, find the index's ghosts and reconcile each job that held one."""
+    while True:
+        await asyncio.sleep(interval)
+        jobs = await asyncio.to_thread(find_ghosts, context, indexes)
+        await asyncio.gather(*(asyncio.to_thread(handle, context, namespace, name) for namespace, name in sorted(jobs)))
 
 
 @kopf.on.startup()
@@ -298,12 +353,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **indices:
     for api_version, _, plural, _ in WATCHED:
         # Server-side: only our children reach the operator, not every pod of the cluster.
         settings.watching.label_selectors[api_version, plural] = WATCH_SELECTOR
-    memo.context.observed = indexed({(api_version, kind): indices[index] for api_version, kind, _, index in WATCHED})
+    indexes = {(api_version, kind): indices[index] for api_version, kind, _, index in WATCHED}
+    memo.context.observed = indexed(indexes, lambda: memo.context.ghosts)
     # Before the first job: a job that needs what the cluster lacks is refused, not half created.
     await asyncio.to_thread(discover_apis, memo.context)
     memo.discovery = asyncio.create_task(discover_forever(memo.context))
     memo.resync = asyncio.create_task(resync_forever(memo.context))
     memo.retry = asyncio.create_task(retry_forever(memo.context))
+    memo.relist = asyncio.create_task(relist_forever(memo.context, indexes))
 
 
 @kopf.on.cleanup()
@@ -311,6 +368,7 @@ async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
     memo.discovery.cancel()
     memo.resync.cancel()
     memo.retry.cancel()
+    memo.relist.cancel()
 
 
 def discover_apis(context: Context) -> None:
@@ -381,8 +439,12 @@ def on_checkpoint_now(name: str, namespace: str, memo: kopf.Memo, **_: Any) -> N
     handle(memo.context, namespace, name)
 
 
-def on_pod(labels: kopf.Labels, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-    """Any change to a child, a worker pod or another (a Service deleted by hand comes back at once)."""
+def on_pod(labels: kopf.Labels, namespace: str, memo: kopf.Memo, body: Optional[kopf.Body] = None, **_: Any) -> None:
+    """Any change to a child, a worker pod or another (a Service deleted by hand comes back at once); the event
+    observes the child's create (expectations.py)."""
+    uid = ((body or {}).get("metadata") or {}).get("uid")
+    if uid:
+        memo.context.expectations.observed(uid)
     handle(memo.context, namespace, labels[JOB_NAME_LABEL])
 
 

@@ -48,6 +48,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from brain_trainer.schema import ConfigError
 
 from .backends import Plan, Seen, checkpoint_claim_name, kueue, plan_backend, render
+from .backends.kueue_integration import HOLD, ignored_by_kueue, still_ignored
+from .backends.kueue_integration import message as ignored_message
+from .backends.orphans import ended_groups
+from .backends.regroup import old_group_stays
 from .backends.writes import POD, PYTORCHJOB, kind_of
 from .cluster.client import ClusterClient, Conflict, Refused, controller_uid
 from .cluster.discovery import ServedApis, missing
@@ -158,13 +162,17 @@ def _reconcile_once(
         if unavailable:
             return apply(plan_unavailable(manifest, unavailable, now), client, manifest)["status"]
         ours, leftovers = owned(job, _children(job, desired, client, now, observed, expectations, key))
+        if still_ignored(ours):
+            return apply(plan_unavailable(manifest, ignored_message(job.spec.scheduling.queue_name), now), client,
+                         manifest)["status"]
         if refusal is not None and not any(kind_of(child) in OVERLAID for child in ours):
             the_plan = plan_invalid(manifest, _errors(refusal), now)  # nothing runs the overlay: an invalid spec
         else:
             the_plan = plan(job, desired, ours, previous, now, progress, leftovers=leftovers)
             if refusal is not None:
                 the_plan = held_by_policy(the_plan, refusal, JobStatus.read(previous), now)
-    created = None if expectations is None else lambda obj: expectations.created(key, obj, now)
+    stored: list[dict] = []
+    created = _recorder(stored, expectations, key, now)
     after = write_status(the_plan, client, manifest)
     try:
         make_writes(the_plan, client, after, created)
@@ -172,7 +180,32 @@ def _reconcile_once(
         # Over the status this pass wrote: the refusal, and its event once per message; then the handlers back off.
         apply(plan_refused(the_plan.status, err, now), client, after)
         raise
+    if stored:
+        after = _held_for_kueue(job, stored, client, after, now)
     return after["status"]
+
+
+def _recorder(stored: list[dict], expectations: Optional[Expectations], key: tuple[str, str, str],
+              now: datetime) -> Callable[[dict], None]:
+    """What hears of each object a pass created (as stored): kept in `stored`, and told to `expectations`."""
+    def created(obj: dict) -> None:
+        stored.append(obj)
+        if expectations is not None:
+            expectations.created(key, obj, now)
+
+    return created
+
+
+def _held_for_kueue(job: Job, stored: Sequence[Mapping[str, Any]], client: ClusterClient, after: dict[str, Any],
+                    now: datetime) -> dict[str, Any]:
+    """The job as written after a queued PyTorchJob just created that Kueue's webhook left unsuspended is held
+    suspended and said so (backends/kueue_integration.py); `after` unchanged when none was."""
+    ignored = ignored_by_kueue(stored, job.spec.run_policy.suspend)
+    for ref in ignored:
+        client.patch(ref, HOLD)
+    if not ignored:
+        return after
+    return apply(plan_unavailable(after, ignored_message(job.spec.scheduling.queue_name), now), client, after)
 
 
 def _children(job: Job, desired: Sequence[Mapping[str, Any]], client: ClusterClient, now: datetime,
@@ -328,10 +361,13 @@ def write_status(the_plan: Plan, client: ClusterClient, manifest: Mapping[str, A
 def make_writes(
     the_plan: Plan, client: ClusterClient, job: Mapping[str, Any], created: Optional[Callable[[dict], None]] = None
 ) -> None:
-    """The status's events, then the children: deletions before creations, so a replaced pod's name is free
-    again; `created` hears of each object created (as stored)."""
+    """The status's events, then the children: a lost pod marked Failed before its replacement is created,
+    deletions before creations, so a replaced pod's name is free again; `created` hears of each object created
+    (as stored)."""
     for event in the_plan.events:
         client.post_event(job, event)
+    for lost in the_plan.pod_statuses:
+        client.patch_pod_status(lost.ref, lost.status, lost.resource_version)
     for ref in the_plan.deletes:
         client.delete(ref)
     for obj in the_plan.creates:
@@ -395,13 +431,15 @@ def plan(
     """Everything one reconcile decides, for either backend; `progress` is rank 0's document if it was asked for.
 
     `leftovers` are children an earlier job of this name left (reconcile.owned): until they are gone nothing is
-    created.
+    created, and a Kueue pod group of theirs is ended (backends/orphans.py).
     """
     existing = {ObjectRef.of(c): c for c in children}
     before = JobStatus.read(previous)
     the_plan = plan_backend(Seen(job, desired, existing, before, now, earlier_job(leftovers)))
     if leftovers:
-        the_plan = replace(the_plan, creates=())
+        the_plan = replace(the_plan, creates=(), deletes=(*the_plan.deletes, *ended_groups(leftovers, job.uid)))
+    if old_group_stays(job, existing, the_plan.deletes):  # backends/regroup.py: no pod of the new group yet
+        the_plan = replace(the_plan, creates=tuple(obj for obj in the_plan.creates if kind_of(obj) != POD))
     status = the_plan.status
     if reports_progress(job.spec.backend, status.phase):
         # Before the Stalled condition, which reads the progress time.

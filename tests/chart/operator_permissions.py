@@ -25,6 +25,8 @@ NAMESPACED: Grants = {
     # alive?), and a pod the watch shows Terminating is read again (reconcile.confirmed).
     # A failed job's Kueue pod group ends with a patch of its pods (backends/kueue.py, unretriable).
     ("", "pods"): frozenset({"get", "list", "watch", "create", "delete", "patch"}),
+    # ClusterClient.patch_pod_status: a queued job's pod lost with its node, marked Failed (backends/lost_pods.py).
+    ("", "pods/status"): frozenset({"patch"}),
     # kopf watches them (children.py) so a child deleted by hand comes back at once;
     # reconcile creates what is missing (and lists them after a Conflict). Never deleted
     # by the operator: owner references garbage-collect them with the job, and

@@ -214,6 +214,7 @@ def test_every_kind_the_renderers_make_can_be_listed_and_created():
     made_or_served = rendered | {
         ("brain.ai", "braintrainingjobs"), ("brain.ai", "braintrainingjobs/status"),
         ("brain.ai", "braintrainingjobs/finalizers"), ("", "events"), ("kueue.x-k8s.io", "workloads"),
+        ("", "pods/status"),
     }
     assert set(NAMESPACED_GRANTS) == made_or_served
 
@@ -222,13 +223,14 @@ def test_the_cluster_client_still_makes_only_the_calls_the_allow_list_covers():
     # get_job -> get jobs; list_children/create -> list/create children; delete -> delete pods and
     # Kueue's workloads; patch -> patch pytorchjobs, configmaps, pods (retriable-in-group) and Kueue's
     # workloads (spec.active); patch_status -> patch jobs/status; post_event -> create events;
-    # list_objects -> list Kueue's workloads; get -> get every kind created (a create
+    # list_objects -> list Kueue's workloads; patch_pod_status -> patch pods/status (a lost node's pod under
+    # Kueue); get -> get every kind created (a create
     # that meets AlreadyExists) and pods (one the watch shows Terminating); discover -> discovery
     # documents and SelfSubjectAccessReviews, which every authenticated user may ask (Kubernetes'
     # system:discovery and system:basic-user roles). A new call needs a new grant.
     calls = {name for name in vars(ClusterClient) if not name.startswith("_")}
     assert calls == {"get_job", "get", "list_children", "list_objects", "create", "delete", "patch", "patch_status",
-                     "post_event", "discover"}
+                     "patch_pod_status", "post_event", "discover"}
     for kind, verbs in NAMESPACED_GRANTS.items():
         if "create" in verbs and kind != ("", "events"):
             _needs(kind, "get")
@@ -238,11 +240,14 @@ def test_the_cluster_client_still_makes_only_the_calls_the_allow_list_covers():
     _needs(("kubeflow.org", "pytorchjobs"), "patch")
     _needs(("", "configmaps"), "patch")
     _needs(("", "pods"), "patch")
+    _needs(("", "pods/status"), "patch")
     _needs(("kueue.x-k8s.io", "workloads"), "list", "patch", "delete")
 
 
-def test_pods_are_never_updated_and_their_status_never_written():
+def test_pods_are_never_updated_and_their_status_only_patched():
     # Kueue's webhook adds the admission gate and Kueue removes it. The operator's one pod patch, a merge patch of
     # an annotation, ends a failed job's Kueue group (tests/operator/test_reconcile_cluster.py checks every
-    # body it sends); an update, which could carry a gate, is not granted, nor the status.
-    assert "update" not in NAMESPACED_GRANTS[("", "pods")] and ("", "pods/status") not in NAMESPACED_GRANTS
+    # body it sends); an update, which could carry a gate, is not granted. The status is only patched, and only
+    # to mark a lost node's pod Failed as PodGC would (tests/operator/test_shared_cluster.py).
+    assert "update" not in NAMESPACED_GRANTS[("", "pods")]
+    assert NAMESPACED_GRANTS[("", "pods/status")] == frozenset({"patch"})

@@ -15,7 +15,8 @@ from brain_operator.reconcile import Observed
 
 VERBS = {
     "get_job": "GET", "get": "GET", "list_children": "LIST", "list_objects": "LIST", "create": "CREATE", "delete": "DELETE",
-    "patch": "PATCH", "patch_status": "PATCH status", "post_event": "CREATE event",
+    "patch": "PATCH", "patch_status": "PATCH status", "patch_pod_status": "PATCH pod status",
+    "post_event": "CREATE event",
 }
 
 

@@ -109,6 +109,16 @@ def disruption_target(reason: str, message: str, now: datetime) -> dict:
             "lastTransitionTime": format_time(now)}
 
 
+# Kueue's integrations.frameworks names of the two kinds a job queues (kueue pkg/controller/jobs/pod
+# FrameworkName "pod"; jobs/kubeflow/jobs/pytorchjob "kubeflow.org/pytorchjob"). Kueue's shipped manager config
+# (config/components/manager/controller_manager_config.yaml) leaves "pod" commented out, and releases from v0.19
+# leave "kubeflow.org/pytorchjob" out too: a test says which it runs with; both on is the tests' usual cluster.
+POD_FRAMEWORK, PYTORCHJOB_FRAMEWORK = "pod", "kubeflow.org/pytorchjob"
+KUEUE_FRAMEWORKS = (POD_FRAMEWORK, PYTORCHJOB_FRAMEWORK)
+# Kueue's TAS index of a pod in its group, and the annotation naming the label to copy it from (kueue
+# apis/kueue/v1alpha1 topology_types.go PodGroupPodIndexLabel, PodGroupPodIndexLabelAnnotation; the pod webhook's
+# Default copies it).
+POD_INDEX_LABEL, POD_INDEX_LABEL_ANNOTATION = "kueue.x-k8s.io/pod-group-pod-index", "kueue.x-k8s.io/pod-group-pod-index-label"
 # Kueue's own names (kueue pkg/constants: ManagedByKueueLabelKey, ResourceInUseFinalizerName).
 KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"
 WORKLOAD_FINALIZER = "kueue.x-k8s.io/resource-in-use"
@@ -161,9 +171,29 @@ class Watch:
         self.cluster, self.lag = cluster, lag
         self.passes = 0
         self._seen: dict[tuple[str, str], list[tuple[int, dict]]] = {}
+        # A relist gap: the children the index held when the watch broke (`gap`), and those whose DELETED fell
+        # into it, which the index then keeps for good (`relisted`).
+        self._broken: Optional[list[dict]] = None
+        self.ghosts: list[dict] = []
 
     def tick(self) -> None:
         self.passes += 1
+
+    def gap(self) -> None:
+        """The watch stream breaks (a 410 Gone, a dropped connection): until `relisted`, deletions are missed."""
+        self._broken = [child for (_, kind), child in self._everything()]
+
+    def relisted(self) -> None:
+        """kopf relists; a child deleted in the gap never gets its DELETED event, and the index, keyed by uid,
+        keeps it as last seen for the operator's lifetime (kopf/_core/engines/indexing.py replaces an entry only
+        on an event for its uid; kopf/_cogs/clients/watching.py restarts the watch without diffing the list)."""
+        alive = {obj["metadata"].get("uid") for obj in self.cluster.objects.values()}
+        self.ghosts += [child for child in self._broken or () if child["metadata"].get("uid") not in alive]
+        self._broken = None
+
+    def _everything(self) -> list[tuple[tuple[str, str], dict]]:
+        return [((api, kind), observed_child(obj)) for ref, obj in sorted(self.cluster.objects.items())
+                for api, kind in WATCHED_KINDS if (ref.api_version, ref.kind) == (api, kind)]
 
     def __call__(self, namespace: str, name: str, kind: tuple[str, str]) -> Optional[list[dict]]:
         if kind not in WATCHED_KINDS:
@@ -176,7 +206,9 @@ class Watch:
         if not then:
             return []
         del history[:then[-1]]  # older views are never read again
-        return copy.deepcopy(history[0][1][kind])
+        ghosts = [g for g in self.ghosts if (g["apiVersion"], g["kind"]) == kind and g["metadata"].get("namespace") == namespace
+                  and (g["metadata"].get("labels") or {}).get(JOB_NAME_LABEL) == name]
+        return copy.deepcopy([*history[0][1][kind], *ghosts])
 
 
 # The restricted level allows adding this capability and no other (Pod Security Standards).
@@ -224,7 +256,11 @@ def _containers(names: list[str]) -> str:
 class FakeCluster:
     def __init__(self, *, kueue: bool = False, pod_security: str = "privileged",
                  validate: Optional[Callable[[Mapping[str, Any]], Optional[dict]]] = None,
-                 served: Any = OPTIONAL, forbidden: Any = ()) -> None:
+                 served: Any = OPTIONAL, forbidden: Any = (), kueue_frameworks: Any = KUEUE_FRAMEWORKS) -> None:
+        # Kueue's integrations.frameworks: the kinds its webhooks and controllers manage; a queued object of any
+        # other kind is left alone, its queue label read by no one (kueue pkg/controller/jobframework/setup.go
+        # SetupControllers enables only the configured integrations; their webhooks likewise).
+        self.kueue_frameworks = frozenset(kueue_frameworks)
         # The optional (apiVersion, kind)s the API server serves, and those RBAC refuses the operator to create.
         self.served, self.forbidden = set(served), set(forbidden)
         # Admission, in the API server's order (k8s.io/apiserver pkg/admission): mutating webhooks change the
@@ -260,14 +296,16 @@ class FakeCluster:
         return [copy.deepcopy(self.objects[ref]) for ref in sorted(refs) if ref in self.objects]
 
     def list_objects(self, api_version, kind, namespace, *, label_selector="", field_selector=""):
-        wanted = dict(pair.split("=", 1) for pair in (label_selector or field_selector).split(",") if pair)
+        """A LIST with a selector: `key=value` pairs, or a bare `key` (the label exists); namespace "" is every
+        namespace (k8s.io/apimachinery pkg/labels selector syntax)."""
+        pairs = [pair.split("=", 1) for pair in (label_selector or field_selector).split(",") if pair]
         out = []
         for ref, obj in sorted(self.objects.items()):
-            if (ref.api_version, ref.kind, ref.namespace) != (api_version, kind, namespace):
+            if (ref.api_version, ref.kind) != (api_version, kind) or namespace not in ("", ref.namespace):
                 continue
             meta = obj["metadata"]
             fields = {"metadata.name": meta["name"]} if field_selector else meta.get("labels") or {}
-            if all(fields.get(k) == v for k, v in wanted.items()):
+            if all(pair[0] in fields if len(pair) == 1 else fields.get(pair[0]) == pair[1] for pair in pairs):
                 out.append(copy.deepcopy(obj))
         return out
 
@@ -339,6 +377,22 @@ class FakeCluster:
         self.writes.append(("patch_status", ref))
         return job["metadata"]["resourceVersion"]
 
+    def patch_pod_status(self, ref: ObjectRef, status: Mapping[str, Any], resource_version: str) -> None:
+        """A merge patch of a pod's status subresource (pods/status), as PodGC writes a lost pod Failed: only the
+        status changes (pkg/registry/core/pod/strategy.go podStatusStrategy.PrepareForUpdate keeps the spec and
+        metadata), and the resourceVersion is a precondition (409 Conflict on any write since); a pod gone is a
+        404, which the client takes as done."""
+        pod = self.objects.get(ref)
+        if pod is None:
+            return
+        if pod["metadata"].get("resourceVersion") != resource_version:
+            self.writes.append(("conflict", ref))
+            raise Conflict(f"patch {ref} status: the object has been modified; please apply your changes to the "
+                           "latest version and try again")
+        pod["status"] = merge_patch(pod.get("status") or {}, status)
+        self._stamp(pod)
+        self.writes.append(("patch_pod_status", ref))
+
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         self.events.append((job["metadata"]["name"], event))
 
@@ -394,11 +448,15 @@ class FakeCluster:
         (jobframework ApplyDefaultForSuspend): suspended until its Workload is admitted."""
         if QUEUE_LABEL not in (obj["metadata"].get("labels") or {}):
             return
-        if obj["kind"] == "Pod":
+        if obj["kind"] == "Pod" and POD_FRAMEWORK in self.kueue_frameworks:
             obj["spec"].setdefault("schedulingGates", []).append({"name": ADMISSION_GATE})
+            # With Topology Aware Scheduling: the index Kueue places by, copied from the label the annotation names.
+            index_label = (obj["metadata"].get("annotations") or {}).get(POD_INDEX_LABEL_ANNOTATION)
+            if index_label is not None:
+                obj["metadata"]["labels"][POD_INDEX_LABEL] = obj["metadata"]["labels"].get(index_label, "")
             obj["metadata"].setdefault("finalizers", []).append(KUEUE_POD_FINALIZER)
             obj["metadata"]["labels"][KUEUE_MANAGED_LABEL] = "true"
-        elif obj["kind"] == "PyTorchJob":
+        elif obj["kind"] == "PyTorchJob" and PYTORCHJOB_FRAMEWORK in self.kueue_frameworks:
             obj["spec"].setdefault("runPolicy", {})["suspend"] = True
 
     def admit(self, namespace: str = "default") -> None:
@@ -423,7 +481,7 @@ class FakeCluster:
         for group in groups:
             self._sync_pod_group(namespace, group)
         for ref, obj in sorted(self.objects.items()):
-            if ref.kind == "PyTorchJob" and ref.namespace == namespace \
+            if ref.kind == "PyTorchJob" and ref.namespace == namespace and PYTORCHJOB_FRAMEWORK in self.kueue_frameworks \
                     and QUEUE_LABEL in (obj["metadata"].get("labels") or {}):
                 self._sync_pytorchjob(ref, obj)
 
@@ -457,6 +515,7 @@ class FakeCluster:
             return
         if self._group_finished(pods):
             # Finished (pod_controller.go Finished): all succeeded, or none active and one not retriable in group;
+            # active is any pod not Failed nor Succeeded (isPodTerminated), a lost node's pod still Running included;
             # the Workload is marked Finished (its quota released) and the pods finalized.
             if wl is not None:
                 _set_workload_condition(wl, "Finished", True, "Succeeded", "Pods finished")
@@ -492,7 +551,12 @@ class FakeCluster:
                                            self.objects[ref]["metadata"]["creationTimestamp"]))
             self._finalize_pods(inactive[len(inactive) - finalizeable:])
         if len(active) > wanted:
-            active.sort(key=lambda ref: self.objects[ref]["metadata"]["creationTimestamp"])
+            # sortActivePods: kept first are pods with Kueue's finalizer, then ungated ones, then the oldest; so a
+            # lost node's pod, still Running with its finalizer, outranks its gated replacement, which goes
+            # (removeExcessPods) until Kueue sees the old one Failed.
+            active.sort(key=lambda ref: (KUEUE_POD_FINALIZER not in (self.objects[ref]["metadata"].get("finalizers") or ()),
+                                         gated_by_kueue(self.objects[ref]),
+                                         self.objects[ref]["metadata"]["creationTimestamp"]))
             for ref in active[wanted:]:
                 self._finalize_pods([ref])
                 if ref in self.objects and not self.objects[ref]["metadata"].get("deletionTimestamp"):
@@ -597,11 +661,13 @@ class FakeCluster:
             self._children.setdefault((ref.api_version, ref.kind, ref.namespace, job_name), set()).add(ref)
 
     def delete_job(self, name: str, namespace: str = "default") -> dict:
-        """kubectl delete btj: the job goes (it carries no finalizer: handlers.py registers @kopf.on.delete with
-        optional=True); what it owns stays until `collect_garbage`."""
+        """kubectl delete btj, with no operator running to see it: the job goes at once unless a finalizer holds
+        it, then it only gets its deletionTimestamp (store.go Delete, as for any object: `_delete`); what it
+        owns stays until `collect_garbage`. Nobody hears of it: an operator that was down, or whose watch lost
+        the DELETED event in a relist gap, learns of it only from what it lists later. Returns the job as it was."""
         ref = ObjectRef(API_VERSION, KIND, namespace, name)
         job = copy.deepcopy(self.objects[ref])
-        self._remove(ref)
+        self._delete(ref, None)
         return job
 
     def collect_garbage(self) -> list[ObjectRef]:
@@ -676,6 +742,17 @@ class FakeCluster:
         self.set_pod(name, "Failed", namespace=namespace, reason="Evicted",
                      message="The node was low on resource: memory.",
                      conditions=[disruption_target("TerminationByKubelet", "The node was low on resource: memory.", self.now)])
+
+    def reject_pod(self, name: str, reason: str, message: str, *, node: str = "node-1",
+                   namespace: str = "default") -> None:
+        """The kubelet on `node` refuses to start the pod (its admit handlers: not enough of a device, the device
+        plugin not registered yet after a reboot, node affinity, a node shutting down): Failed with that reason
+        and "Pod was rejected: <message>", no container ever run (pkg/kubelet/kubelet.go HandlePodAdditions,
+        canAdmitPod then rejectPod)."""
+        pod = self.objects[ObjectRef("v1", "Pod", namespace, name)]
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {"phase": "Failed", "reason": reason, "message": f"Pod was rejected: {message}"}
+        self._stamp(pod)
 
     def preempt(self, name: str, *, namespace: str = "default") -> None:
         """The scheduler preempts the pod for a higher-priority one: DisruptionTarget PreemptionByScheduler, then a

@@ -27,7 +27,8 @@ class Fault:
 
 
 class FaultyCluster:
-    CALLS = ("get_job", "get", "list_children", "list_objects", "create", "delete", "patch", "patch_status", "post_event")
+    CALLS = ("get_job", "get", "list_children", "list_objects", "create", "delete", "patch", "patch_status",
+             "patch_pod_status", "post_event")
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -92,6 +93,9 @@ class FaultyCluster:
 
     def patch_status(self, namespace, name, patch, resource_version=None):
         return self._do("patch_status", None, namespace, name, patch, resource_version)
+
+    def patch_pod_status(self, ref, status, resource_version):
+        return self._do("patch_pod_status", ref.kind, ref, status, resource_version)
 
     def post_event(self, job, event):
         # Best effort, as the real client: an event the API server refuses is logged and lost, never raised.

@@ -1,5 +1,6 @@
 """`braintrain`: render == what reconcile creates, validate/run on bad input, estimate, help and version."""
 
+import copy
 import os
 import re
 import sys
@@ -17,7 +18,7 @@ from brain_operator.objects.refs import ObjectRef
 from brain_operator.local.run import _say, running_here
 from brain_operator.local.plan import LocalRunError
 from brain_operator.reconcile import reconcile
-from brain_operator.spec import KIND, OperatorDefaults
+from brain_operator.spec import OperatorDefaults
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.yaml"))
 LOCAL_MINIMAL = EXAMPLES[0].with_name("local-minimal.yaml")
@@ -34,13 +35,14 @@ def run_cli(capsys, *argv):
 
 
 def created_by_reconcile(cluster, stored):
-    """What one reconcile of the stored job creates, less the fields the API server adds."""
+    """What one reconcile of the stored job sends to create, less the fields the API server adds (a later patch of
+    a created object, as of a queued PyTorchJob no Kueue suspended, is not the render's)."""
     ref = ObjectRef.of(stored)
+    sent, create = [], cluster.create
+    cluster.create = lambda obj: (sent.append(copy.deepcopy(dict(obj))), create(obj))[1]
     reconcile(cluster.get_job(ref.namespace, ref.name), cluster, NOW, OperatorDefaults.from_env())
     created = []
-    for ref, obj in sorted(cluster.objects.items()):
-        if ref.kind == KIND:
-            continue
+    for obj in sent:
         obj = {k: v for k, v in obj.items() if k != "status"}
         obj["metadata"] = {k: v for k, v in obj["metadata"].items() if k not in SERVER_FIELDS}
         created.append(obj)

@@ -6,7 +6,7 @@ import pytest
 from fake_cluster import FakeCluster
 from test_reconcile import NS, T0, condition, manifest
 
-from brain_operator.cluster.discovery import OPTIONAL, PYTORCHJOB, ServedApis, verb
+from brain_operator.cluster.discovery import OLD_WORKLOAD, OPTIONAL, PYTORCHJOB, ServedApis, verb
 from brain_operator.reconcile import reconcile
 from brain_operator.objects.schedulers import COSCHEDULING_POD_GROUP, VOLCANO_POD_GROUP, WORKLOAD
 
@@ -75,7 +75,7 @@ def test_a_pytorchjob_on_a_cluster_without_kubeflow_says_what_to_install():
 
 @pytest.mark.parametrize("backend", ["elastic", "pytorchjob"])
 def test_a_queued_job_on_a_cluster_without_kueue_fails_with_what_to_do(backend):
-    cluster = FakeCluster(served=[k for k in OPTIONAL if k != WORKLOAD])
+    cluster = FakeCluster(served=[k for k in OPTIONAL if k[1] != WORKLOAD[1]])
     cluster.apply_job(manifest(backend=backend, scheduling={"queueName": "research"}))
     status = step(cluster)
     valid = condition(status, "Valid")
@@ -86,6 +86,19 @@ def test_a_queued_job_on_a_cluster_without_kueue_fails_with_what_to_do(backend):
     # Without the queue the same job runs.
     cluster.apply_job(manifest(backend=backend))
     assert condition(step(cluster), "Valid")["status"] == "True" and cluster.kinds() != []
+
+
+def test_kueue_serving_only_v1beta1_workloads_runs_a_queued_job_and_names_that_version():
+    old = ServedApis(frozenset({OLD_WORKLOAD}))
+    assert old.workload() == OLD_WORKLOAD and ServedApis(frozenset({WORKLOAD, OLD_WORKLOAD})).workload() == WORKLOAD
+    cluster = FakeCluster(served=[k for k in OPTIONAL if k != WORKLOAD])
+    cluster.apply_job(manifest(scheduling={"queueName": "research"}))
+    assert condition(step(cluster), "Valid")["status"] == "True" and "Pod" in cluster.kinds()
+    refused = FakeCluster(served=[k for k in OPTIONAL if k != WORKLOAD], forbidden=[OLD_WORKLOAD])
+    refused.apply_job(manifest(scheduling={"queueName": "research"}))
+    message = condition(step(refused), "Valid")["message"]
+    assert message.startswith("spec.scheduling.queueName: research needs kueue.x-k8s.io/v1beta1 Workload, which the "
+                              "operator may not list")
 
 
 def test_kueue_workloads_the_operator_may_not_list_name_the_verb():

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from brain_operator.status.failure_policy import WorkerFailure, explain, first_cause, pod_reason, policy_field
+from brain_operator.status.failure_policy import (ADMISSION_REJECTED, OPERATOR_REASONS, WorkerFailure, explain,
+                                                  first_cause, pod_reason, policy_field)
 from brain_operator.spec.model import FailurePolicySpec
 from brain_trainer import contract
 
@@ -18,8 +19,21 @@ def pod(message=None, *, exit_code=1, reason="Error", pod_reason_=None, conditio
     return {"metadata": {"name": "j-worker-0"}, "status": status}
 
 
+def test_a_pod_the_kubelet_refused_to_start_is_admission_rejected_with_its_reason_and_free_by_default():
+    rejected = {"metadata": {"name": "j-worker-1"}, "status": {
+        "phase": "Failed", "reason": "OutOfnvidia.com/gpu",
+        "message": "Pod was rejected: Node didn't have enough resource: nvidia.com/gpu, requested: 8, used: 8, "
+                   "capacity: 8"}}
+    assert pod_reason(rejected) == (ADMISSION_REJECTED, "OutOfnvidia.com/gpu: Pod was rejected: Node didn't have "
+                                    "enough resource: nvidia.com/gpu, requested: 8, used: 8, capacity: 8")
+    assert explain(rejected, FailurePolicySpec()).action == "RestartNotCounted"
+    assert explain(rejected, FailurePolicySpec(admission_rejected="Restart")).action == "Restart"
+    assert policy_field(ADMISSION_REJECTED) == "runPolicy.failurePolicy.admissionRejected"
+
+
 def test_the_policy_has_one_field_per_contract_reason():
-    assert [f.name for f in dataclasses.fields(FailurePolicySpec)] == [r.replace("-", "_") for r in contract.REASONS]
+    assert [f.name for f in dataclasses.fields(FailurePolicySpec)] == [
+        r.replace("-", "_") for r in (*contract.REASONS, *OPERATOR_REASONS)]
     assert policy_field("collective-timeout") == "runPolicy.failurePolicy.collectiveTimeout"
 
 

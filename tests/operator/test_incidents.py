@@ -76,6 +76,18 @@ def test_an_incident_ends_once_the_group_trains_past_it():
     assert still_open(Incident("preempted", "w1", format_time(T)), 0) is None
 
 
+def test_an_incident_ends_on_time_when_rank_0_reports_no_progress():
+    # Its consequences come within the rendezvous' join timeout (watchdog.startupSeconds); rank 0 silent or stuck.
+    incident = Incident("out-of-memory", "w1", format_time(T), step=100)
+    for step in (None, 100):
+        assert still_open(incident, step, T + timedelta(seconds=1800), 1800) is incident
+        assert still_open(incident, step, T + timedelta(seconds=1801), 1800) is None
+    # A surviving pod of the broken group failing long after is its own root, charged.
+    verdicts, after = judge([ex("w0", "out-of-memory", 0, 4000)],
+                            still_open(incident, None, T + timedelta(seconds=4000), 1800), {})
+    assert verdicts[0].role == ROOT and verdicts[0].charged and after.pod == "w0"
+
+
 REASONS = st.sampled_from(sorted(ACTIONS))
 EXITS = st.lists(st.tuples(REASONS, st.integers(0, 50), st.integers(0, 100)), min_size=1, max_size=8)
 

@@ -88,15 +88,23 @@ class FaultyEmulator(Emulator):
 
 
 @contextlib.asynccontextmanager
-async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, emulator=FaultyEmulator, **client_options):
+async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, pytorchjob=False, before=(), job=True,
+                   kueue_version="v1beta2", emulator=FaultyEmulator, **client_options):
     """kmock serving our resources, and the kopf operator running against it; yields (kmock, waits asked).
 
     The job's spec takes `spec`'s keys; `kueue` serves Kueue's Workload API, which the operator's discovery must
-    see (and be allowed to list) before it runs a queued job; `emulator`: a FaultyEmulator that serves more."""
+    see (and be allowed to list) before it runs a queued job. `before` are (path, object)s already there when
+    the operator starts; without `job` no job is created; `pytorchjob` serves Kubeflow's PyTorchJob; `emulator`:
+    a FaultyEmulator that serves more."""
     async with emulator() as km, kmock.Server(km):
         serve_resources(km, tmp_path, monkeypatch)
         if kueue:
-            serve_kueue(km)
+            serve_kueue(km, kueue_version)
+        if pytorchjob:
+            km.resources["kubeflow.org/v1/pytorchjobs"] = kmock.ResourceInfo(kind="PyTorchJob", namespaced=True,
+                                                                             verbs=VERBS)
+        for path, body in before:
+            assert (await km.post(path, json=body)).status == 200
         waits = []
 
         def sleep(seconds):  # the client's retry waits, recorded and really waited
@@ -112,12 +120,8 @@ async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, emulator=Fa
             memo=kopf.Memo(context=handlers.Context(client=client, defaults=OperatorDefaults(image="img:1"))),
         ))
         try:
-            created = await km.post(JOBS, json=manifest(meta={"uid": "uid-1", "generation": 1, "resourceVersion": "1"},
-                                                        **(spec or {})))
-            assert created.status == 200
-            await first_event(km, PODS, pod_named("demo-worker-0"))
-            await first_event(km, PODS, pod_named("demo-worker-1"))
-            await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Pending")
+            if job:
+                await create_demo(km, spec)
             yield km, waits
         finally:
             for session in km.clients:  # the test's kept-alive connections, else kopf waits 5 s for their handlers
@@ -126,10 +130,21 @@ async def operator(tmp_path, monkeypatch, *, spec=None, kueue=False, emulator=Fa
             await asyncio.wait_for(task, 30)
 
 
-def serve_kueue(km):
-    """Kueue's Workload API served, and every SelfSubjectAccessReview answered allowed (kmock would echo the review
-    back without a status)."""
-    km.resources["kueue.x-k8s.io/v1beta2/workloads"] = kmock.ResourceInfo(kind="Workload", namespaced=True, verbs=VERBS)
+async def create_demo(km, spec):
+    """The demo job created; the operator has made its two pods and said Pending."""
+    created = await km.post(JOBS, json=manifest(meta={"uid": "uid-1", "generation": 1, "resourceVersion": "1"},
+                                                **(spec or {})))
+    assert created.status == 200
+    await first_event(km, PODS, pod_named("demo-worker-0"))
+    await first_event(km, PODS, pod_named("demo-worker-1"))
+    await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Pending")
+
+
+def serve_kueue(km, version="v1beta2"):
+    """Kueue's Workload API served (at `version`), and every SelfSubjectAccessReview answered allowed (kmock would
+    echo the review back without a status)."""
+    km.resources[f"kueue.x-k8s.io/{version}/workloads"] = kmock.ResourceInfo(kind="Workload", namespaced=True,
+                                                                             verbs=VERBS)
     km.faults.append(Fault("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", 201, times=1000, body={
         "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": {},
         "status": {"allowed": True}}))
@@ -156,6 +171,28 @@ async def set_pod(km, name, phase, *, ready=False, exit_code=None):
     if exit_code is not None:
         status["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": exit_code}}}]
     response = await km.patch(f"{PODS}/{name}/status", json={"status": status}, headers=MERGE)
+    assert response.status == 200
+
+
+async def kueue_finalizers(km):
+    """Kueue's webhook put its finalizer on each queued pod (kmock has no webhook: the test puts it)."""
+    for name in ("demo-worker-0", "demo-worker-1"):
+        response = await km.patch(f"{PODS}/{name}", headers=MERGE,
+                                  json={"metadata": {"finalizers": ["kueue.x-k8s.io/managed"]}})
+        assert response.status == 200
+
+
+async def lose_node(km, metadata):
+    """node-7 is lost: the taint manager deleted demo-worker-1, whose grace ended long ago, and no kubelet answers.
+    The API server keeps such a pod; kmock would drop one marked for deletion at once unless a finalizer holds
+    it: `metadata` adds one where Kueue's is not on, standing in for the kubelet that never confirms."""
+    ended = handlers.utc_now() - timedelta(seconds=TERMINATING_MARGIN_SECONDS + 30)
+    response = await km.patch(f"{PODS}/demo-worker-1", headers=MERGE, json={
+        "metadata": {"deletionTimestamp": format_time(ended), "deletionGracePeriodSeconds": 300, **metadata},
+        "spec": {"nodeName": "node-7"},
+        "status": {"conditions": [{"type": "Ready", "status": "False"}, {
+            "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+            "message": "Taint manager: deleting due to NoExecute taint"}]}})
     assert response.status == 200
 
 
@@ -243,18 +280,7 @@ def test_a_worker_stuck_terminating_on_a_lost_node_is_replaced_under_a_new_name(
     async def scenario():
         async with operator(tmp_path, monkeypatch) as (km, _):
             await both_workers_running(km)
-            # node-7 is lost: the taint manager deleted the pod, whose grace ended long ago, and no kubelet answers.
-            # The API server keeps such a pod; kmock would drop one marked for deletion at once unless a finalizer
-            # holds it, so one stands in for the kubelet that never confirms.
-            ended = handlers.utc_now() - timedelta(seconds=TERMINATING_MARGIN_SECONDS + 30)
-            response = await km.patch(f"{PODS}/demo-worker-1", headers=MERGE, json={
-                "metadata": {"deletionTimestamp": format_time(ended), "deletionGracePeriodSeconds": 300,
-                             "finalizers": ["test.brain.ai/kubelet-never-confirms"]},
-                "spec": {"nodeName": "node-7"},
-                "status": {"conditions": [{"type": "Ready", "status": "False"}, {
-                    "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
-                    "message": "Taint manager: deleting due to NoExecute taint"}]}})
-            assert response.status == 200
+            await lose_node(km, {"finalizers": ["test.brain.ai/kubelet-never-confirms"]})
             replacement = await first_event(km, PODS, pod_named("demo-worker-1-1"), timeout=CONVERGED_WITHIN)
             warning = await first_event(km, f"/api/v1/namespaces/{NS}/events",
                                         lambda e: e.get("reason") == STUCK_TERMINATING, timeout=CONVERGED_WITHIN)
@@ -271,11 +297,8 @@ def test_a_worker_stuck_terminating_on_a_lost_node_is_replaced_under_a_new_name(
 def test_a_failed_worker_that_kueue_keeps_is_replaced_at_once_under_a_new_name(tmp_path, monkeypatch):
     async def scenario():
         async with operator(tmp_path, monkeypatch, spec={"scheduling": {"queueName": "q"}}, kueue=True) as (km, _):
-            # Kueue's webhook put its finalizer on each queued pod (kmock has no webhook: the test puts it).
+            await kueue_finalizers(km)
             for name in ("demo-worker-0", "demo-worker-1"):
-                response = await km.patch(f"{PODS}/{name}", headers=MERGE,
-                                          json={"metadata": {"finalizers": ["kueue.x-k8s.io/managed"]}})
-                assert response.status == 200
                 await set_pod(km, name, "Running", ready=True)
             await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Running")
             await set_pod(km, "demo-worker-1", "Failed", exit_code=1)
@@ -291,6 +314,103 @@ def test_a_failed_worker_that_kueue_keeps_is_replaced_at_once_under_a_new_name(t
     assert job["status"]["phase"] in ("Restarting", "Pending")
     # Deleted by the operator, and left on Kueue's finalizer for Kueue to take off now that the replacement exists.
     assert kept["metadata"]["deletionTimestamp"] and kept["metadata"]["finalizers"] == ["kueue.x-k8s.io/managed"]
+
+
+def test_a_lost_nodes_worker_under_kueue_is_marked_failed_through_its_status_before_its_replacement(tmp_path,
+                                                                                                   monkeypatch):
+    async def scenario():
+        async with operator(tmp_path, monkeypatch, spec={"scheduling": {"queueName": "q"}}, kueue=True) as (km, _):
+            await kueue_finalizers(km)
+            await both_workers_running(km)
+            mark = len(list(km))
+            await lose_node(km, {"resourceVersion": "7"})
+            failed = await first_event(km, PODS, lambda o: o["metadata"]["name"] == "demo-worker-1"
+                                       and (o.get("status") or {}).get("phase") == "Failed", timeout=CONVERGED_WITHIN)
+            await first_event(km, PODS, pod_named("demo-worker-1-1"), timeout=CONVERGED_WITHIN)
+            warning = await first_event(km, f"/api/v1/namespaces/{NS}/events",
+                                        lambda e: e.get("reason") == STUCK_TERMINATING, timeout=CONVERGED_WITHIN)
+            return failed, warning, [(r.method, r.url.path, r.data) for r in list(km)[mark:] if is_cluster_client(r)]
+
+    failed, warning, calls = asyncio.run(scenario())
+    writes = [(method, path) for method, path, _ in calls if method in ("PATCH", "POST", "DELETE")]
+    status_patch = ("PATCH", f"{PODS}/demo-worker-1/status")
+    # Failed through pods/status, with the version read as its precondition, before the replacement's create.
+    assert writes.index(status_patch) < writes.index(("POST", PODS))
+    body = next(data for method, path, data in calls if (method, path) == status_patch)
+    assert body["metadata"] == {"resourceVersion": "7"} and body["status"]["phase"] == "Failed"
+    assert failed["metadata"]["finalizers"] == ["kueue.x-k8s.io/managed"]  # Kueue's to take off, never ours
+    assert ("DELETE", f"{PODS}/demo-worker-1") not in writes
+    assert "marks it Failed so Kueue counts it gone" in warning["message"]
+
+
+def test_an_operator_started_after_a_queued_job_was_deleted_ends_its_kueue_group(tmp_path, monkeypatch):
+    workloads = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads"
+    # What a queued job deleted while no operator ran leaves: its pods, deleted by the garbage collector and held
+    # by Kueue's finalizer, and their group's admitted Workload, held by Kueue's own.
+    leftovers = [(PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"demo-worker-{i}", "namespace": NS, "deletionTimestamp": "2026-11-22T12:00:00Z",
+        "labels": {JOB_NAME_LABEL: "demo", "kueue.x-k8s.io/pod-group-name": "demo"},
+        "finalizers": ["kueue.x-k8s.io/managed"],
+        "ownerReferences": [{"apiVersion": API_VERSION, "kind": "BrainTrainingJob", "name": "demo", "uid": "uid-gone",
+                             "controller": True}]},
+        "spec": {"containers": [{"name": "trainer", "image": "img:1"}]}, "status": {"phase": "Failed"}})
+        for i in range(2)]
+    leftovers.append((workloads, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": {
+        "name": "demo", "namespace": NS, "finalizers": ["kueue.x-k8s.io/resource-in-use"]}, "spec": {}}))
+
+    async def scenario():
+        async with operator(tmp_path, monkeypatch, kueue=True, before=leftovers, job=False) as (km, _):
+            return await first_event(km, workloads, lambda o: bool(o["metadata"].get("deletionTimestamp")),
+                                     timeout=CONVERGED_WITHIN)
+
+    ended = asyncio.run(scenario())
+    assert ended["metadata"]["name"] == "demo"  # Kueue now stops and finalizes every pod of the group
+
+
+def test_a_queued_pytorchjob_that_kueues_webhook_left_unsuspended_is_suspended_and_the_job_says_why(tmp_path,
+                                                                                                     monkeypatch):
+    pytorchjobs = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
+
+    async def scenario():
+        # Kueue serves its Workload API but not the PyTorchJob integration: kmock, like that cluster, runs no webhook.
+        async with operator(tmp_path, monkeypatch, kueue=True, pytorchjob=True, job=False) as (km, _):
+            created = await km.post(JOBS, json=manifest(meta={"uid": "uid-1", "generation": 1, "resourceVersion": "1"},
+                                                        backend="pytorchjob", scheduling={"queueName": "q"}))
+            assert created.status == 200
+            held = await first_event(km, pytorchjobs, lambda o: ((o.get("spec") or {}).get("runPolicy") or {})
+                                     .get("suspend") is True, timeout=CONVERGED_WITHIN)
+            job = await first_event(km, JOBS, lambda o: any(c.get("type") == "Valid" and c.get("status") == "False"
+                                                            for c in (o.get("status") or {}).get("conditions") or ()),
+                                    timeout=CONVERGED_WITHIN)
+            return held, job
+
+    held, job = asyncio.run(scenario())
+    assert held["metadata"]["annotations"]["brain.ai/kueue-unmanaged"] == "true"
+    valid = next(c for c in job["status"]["conditions"] if c["type"] == "Valid")
+    assert valid["reason"] == "BackendUnavailable" and "integrations.frameworks" in valid["message"]
+
+
+def test_a_queued_job_runs_where_kueue_serves_only_v1beta1_workloads_and_reads_its_reason_there(tmp_path,
+                                                                                                  monkeypatch):
+    workloads = f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads"
+    waiting = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload", "metadata": {"name": "demo", "namespace": NS},
+               "spec": {}, "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                                      "message": "couldn't assign flavors to pod set main"}]}}
+
+    async def scenario():
+        async with operator(tmp_path, monkeypatch, spec={"scheduling": {"queueName": "q"}}, kueue=True,
+                            kueue_version="v1beta1", before=[(workloads, waiting)]) as (km, _):
+            # Kueue 0.14's webhook gated both pods (kmock has none: the test gates them).
+            for name in ("demo-worker-0", "demo-worker-1"):
+                response = await km.patch(f"{PODS}/{name}", headers=MERGE, json={
+                    "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}})
+                assert response.status == 200
+            return await first_event(km, JOBS, lambda o: (o.get("status") or {}).get("phase") == "Queued",
+                                     timeout=CONVERGED_WITHIN)
+
+    job = asyncio.run(scenario())
+    queued = next(c for c in job["status"]["conditions"] if c["type"] == "Queued")
+    assert "couldn't assign flavors to pod set main" in queued["message"]
 
 
 def test_a_preempted_worker_is_free_named_in_its_event_and_back_under_its_name(tmp_path, monkeypatch):

@@ -116,6 +116,11 @@ holds the same list, derived from what brain_operator calls; a test keeps the tw
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# A queued job's pod stuck Terminating on a lost node: its phase set Failed, as PodGC does, so Kueue
+# counts it gone and keeps its replacement (lost_pods.py). Status only: never a pod's spec.
+- apiGroups: [""]
+  resources: ["pods/status"]
+  verbs: ["patch"]
 # Per-job children (headless Service, trainer.yaml ConfigMap, checkpoint claim):
 # watched (a child deleted by hand comes back at once), recreated when missing,
 # garbage-collected through owner references (a retained checkpoint claim is

@@ -1,9 +1,13 @@
 """The backends: how a job runs on the cluster, each planned beside its renderer, chosen through one table.
 
     elastic/     the default backend: headless Service + one pod per node, which the operator plans itself
-                 (plan.py; a lost node's pod and its replacement: replacement.py)
+                 (plan.py; a lost node's pod and its replacement: replacement.py; Kueue's topology: topology.py)
     pytorchjob/  the Kubeflow backend: one PyTorchJob, whose pods the training operator makes
     kueue        what both do with Kueue: its Workloads, a queued PyTorchJob's suspend, a pod group's end
+    lost_pods    a queued job's pod lost with its node, marked Failed so Kueue lets its replacement run
+    orphans      the Kueue pod groups of a job that is gone, ended
+    regroup      a resized Kueue pod group: no pod of the new size while the old group's Workload exists
+    kueue_integration  a queued PyTorchJob Kueue does not manage, held suspended
     shared/      what every backend's pods share: the worker plan, the pod spec, overlay, network, gangs
     writes       what a planner plans from (Seen) and the writes it returns (Plan)
 

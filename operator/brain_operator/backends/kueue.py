@@ -17,20 +17,23 @@ from ..objects.refs import ObjectRef
 from ..objects.schedulers import (JOB_UID_LABEL, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL,
                                   RETRIABLE_IN_GROUP_ANNOTATION, WORKLOAD, pending_reason)
 from ..spec import Job
+from .regroup import in_transition
 from .writes import POD, PYTORCHJOB, annotations_of, kind_of
 
 
 def workloads(job: Job, children: Sequence[Mapping[str, Any]], client: ClusterClient) -> list[dict]:
     """Kueue's Workloads for a job it holds back (none otherwise: a running job costs no call).
 
-    A plain pod group's Workload is named after the group (the job); a
+    A plain pod group's Workload is named after the group (the job), and is
+    read also while the group may be changing (regroup.in_transition); a
     PyTorchJob's carries the PyTorchJob's uid in JOB_UID_LABEL, and is read
     also while the job's suspend is not yet applied to it (`activation`).
     """
     if not job.spec.scheduling.queue_name:
         return []
     if job.spec.backend == "elastic":
-        if not all_gated(pod_view(c) for c in children if kind_of(c) == POD):
+        pods = [c for c in children if kind_of(c) == POD]
+        if not all_gated(pod_view(c) for c in pods) and not in_transition(job, pods):
             return []
         return client.list_objects(*WORKLOAD, job.namespace, field_selector=f"metadata.name={job.name}")
     noted = str(job.spec.run_policy.suspend).lower()

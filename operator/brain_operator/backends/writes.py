@@ -12,6 +12,7 @@ from ..spec import Job
 from ..status.events import Event
 from ..status.job_status import JobStatus
 from ..status.waiting import Waiting
+from .lost_pods import PodStatusPatch
 
 POD = ("v1", "Pod")
 CONFIG_MAP = ("v1", "ConfigMap")
@@ -27,6 +28,7 @@ class Plan:
     deletes: tuple[ObjectRef, ...] = ()
     patches: tuple[tuple[ObjectRef, dict], ...] = ()
     events: tuple[Event, ...] = ()
+    pod_statuses: tuple[PodStatusPatch, ...] = ()  # made first: backends/lost_pods.py
 
 
 @dataclass(frozen=True)

@@ -5,4 +5,5 @@
     discovery     which APIs the cluster serves (Kueue, PodGroups, the training operator)
     children      the watches' view of each job's children
     expectations  what a pass created and the watches do not show yet
+    ghosts        index entries whose DELETED a relist gap lost, found against a fresh list
 """

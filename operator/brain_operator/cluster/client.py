@@ -33,11 +33,12 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, DynamicApiError, NotFoundError, ResourceNotFoundError
 
 from .backoff import Backoff, retry_after
-from .discovery import OPTIONAL, ServedApis, verb
+from .discovery import OLD_WORKLOAD, OPTIONAL, ServedApis, verb
 from ..status.events import Event
 from ..logs import job_logger
 from ..objects.names import JOB_NAME_LABEL, label_selector
 from ..objects.refs import ObjectRef
+from ..objects.schedulers import WORKLOAD
 from ..spec import API_VERSION, KIND
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -53,6 +54,9 @@ CALL_DEADLINE_SECONDS = 15.0
 REQUEST_TIMEOUT_SECONDS = 10.0
 # The 409 reason for a duplicate name; other 409s are conflicts.
 ALREADY_EXISTS = "AlreadyExists"
+# The version a kind is read and written at where the cluster does not serve the one the operator names (Kueue
+# 0.14 and earlier serve Workloads only as v1beta1: discovery.OLD_WORKLOAD).
+OLDER_VERSIONS = {WORKLOAD: OLD_WORKLOAD}
 
 T = TypeVar("T")
 
@@ -138,6 +142,10 @@ class ClusterClient(Protocol):
         """JSON merge patch of a BrainTrainingJob's status subresource (None removes a key); with the
         `resource_version` it was planned from, a write since is a Conflict. Returns the new resourceVersion."""
 
+    def patch_pod_status(self, ref: ObjectRef, status: Mapping[str, Any], resource_version: str) -> None:
+        """JSON merge patch of a pod's status subresource (pods/status), applied only to `resource_version`: a
+        write since is a Conflict; a pod gone is fine (backends/lost_pods.py)."""
+
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         """Record a Kubernetes Event on the job; best effort, never fails the reconcile."""
 
@@ -172,7 +180,14 @@ class KubernetesClient:
         self._deadline, self._sleep, self._clock, self._rng = deadline, sleep, clock, rng
 
     def _resource(self, api_version: str, kind: str) -> Any:
-        return self._dynamic.resources.get(api_version=api_version, kind=kind)
+        """The API resource, at an older version where only that one is served (a Workload of Kueue 0.14)."""
+        try:
+            return self._dynamic.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError:
+            older = OLDER_VERSIONS.get((api_version, kind))
+            if older is None:
+                raise
+            return self._dynamic.resources.get(api_version=older[0], kind=kind)
 
     def _call(self, what: str, call: Callable[[], T]) -> T:
         """`call`, retried while the API server answers 429/5xx or not at all, until the deadline."""
@@ -257,7 +272,8 @@ class KubernetesClient:
             found = self._call(f"list {kind} {namespace} {label_selector or field_selector}".rstrip(), call)
         except ResourceNotFoundError:
             return []  # e.g. Kueue is not installed
-        return list(found.to_dict().get("items") or [])
+        # Read at an older version (OLDER_VERSIONS), each item is named as asked: the fields read are the same.
+        return [{**item, "apiVersion": api_version} for item in found.to_dict().get("items") or []]
 
     def create(self, obj: Mapping[str, Any]) -> Optional[dict]:
         ref = ObjectRef.of(obj)
@@ -312,6 +328,17 @@ class KubernetesClient:
         except ConflictError as err:
             raise Conflict(f"patch {KIND} {namespace}/{name} status: {err.summary()}") from err
         return (written.to_dict().get("metadata") or {}).get("resourceVersion")
+
+    def patch_pod_status(self, ref: ObjectRef, status: Mapping[str, Any], resource_version: str) -> None:
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        try:
+            self._call(f"patch {ref} status", lambda: self._resource(ref.api_version, ref.kind).status.patch(
+                body=body, name=ref.name, namespace=ref.namespace, content_type=MERGE_PATCH,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS))
+        except NotFoundError:
+            pass
+        except ConflictError as err:
+            raise Conflict(f"patch {ref} status: {err.summary()}") from err
 
     def post_event(self, job: Mapping[str, Any], event: Event) -> None:
         meta = job["metadata"]

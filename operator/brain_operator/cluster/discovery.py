@@ -27,12 +27,17 @@ PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 # has one shape in all three (tests/operator/test_gangs.py validates it against each).
 NATIVE_POD_GROUP_VERSIONS = ("scheduling.k8s.io/v1beta1", "scheduling.k8s.io/v1alpha3", "scheduling.k8s.io/v1alpha2")
 NATIVE_KIND = "PodGroup"
+# Kueue's Workload, newest first: v1beta2 from Kueue 0.15, v1beta1 alone up to 0.14 (kueue apis/kueue). The fields
+# the operator reads and writes (spec.active, status.conditions, the job-uid label) are the same in both; the client
+# reads an older version's Workloads as WORKLOAD (cluster.KubernetesClient, OLDER_VERSIONS).
+OLD_WORKLOAD = ("kueue.x-k8s.io/v1beta1", WORKLOAD[1])
 OPTIONAL: tuple[tuple[str, str], ...] = (
     PYTORCHJOB,
     COSCHEDULING_POD_GROUP,
     VOLCANO_POD_GROUP,
     *((version, NATIVE_KIND) for version in NATIVE_POD_GROUP_VERSIONS),
     WORKLOAD,
+    OLD_WORKLOAD,
 )
 # What to do about each missing API (docs/operator.md, "Why is my job not running").
 REMEDY = {
@@ -46,7 +51,7 @@ REMEDY = {
               "the job without a queue",
 }
 # The operator creates every optional kind but Kueue's Workloads, which it only lists (Kueue makes them).
-VERBS = {WORKLOAD: "list"}
+VERBS = {WORKLOAD: "list", OLD_WORKLOAD: "list"}
 # The chart value that grants the operator each API it may otherwise not use.
 CHART_VALUE = {PYTORCHJOB: "pytorchjob.enabled=true"}
 
@@ -65,6 +70,10 @@ class ServedApis:
     def allows(self, namespace: str, kind: tuple[str, str]) -> bool:
         return (namespace, *kind) not in self.forbidden and ("", *kind) not in self.forbidden
 
+    def workload(self) -> tuple[str, str]:
+        """Kueue's Workload at the newest version served (WORKLOAD when none is, to say what is missing)."""
+        return next((kind for kind in (WORKLOAD, OLD_WORKLOAD) if kind in self.served), WORKLOAD)
+
     def native_pod_group(self) -> Optional[str]:
         """The newest scheduling.k8s.io PodGroup version served, None when there is none."""
         return next((v for v in NATIVE_POD_GROUP_VERSIONS if (v, NATIVE_KIND) in self.served), None)
@@ -77,7 +86,7 @@ def needed(job: Job, apis: ServedApis) -> list[tuple[str, str]]:
     if spec.backend == "pytorchjob":
         out.append(PYTORCHJOB)
     if spec.scheduling.queue_name:
-        out.append(WORKLOAD)
+        out.append(apis.workload())
     gang = spec.scheduling.gang if spec.backend != "pytorchjob" else None
     if gang == GANG_COSCHEDULING:
         out.append(COSCHEDULING_POD_GROUP)
@@ -109,7 +118,7 @@ def missing(job: Job, apis: ServedApis) -> Optional[str]:
 def _field(job: Job, kind: tuple[str, str]) -> str:
     if kind == PYTORCHJOB:
         return "spec.backend: pytorchjob"
-    if kind == WORKLOAD:
+    if kind[1] == WORKLOAD[1]:
         return f"spec.scheduling.queueName: {job.spec.scheduling.queue_name}"
     return "spec.scheduling.gang"
 

@@ -55,6 +55,18 @@ class Expectations:
                 self._created.pop(job, None)
             return [dict(obj) for _, obj in pending.values()]
 
+    def observed(self, uid: str) -> None:
+        """The watch delivered an event (added, modified or deleted) of the object with `uid`: its create is
+        observed, as the Job controller's informer handlers tell its expectations (job_controller.go addPod,
+        deletePod). A child deleted before any pass saw it is then missing at once, not counted as there until
+        the timeout."""
+        with self._guard:
+            for key, pending in list(self._created.items()):
+                for ref in [ref for ref in pending if ref.uid == uid]:
+                    del pending[ref]
+                if not pending:
+                    del self._created[key]
+
     def forget(self, namespace: str, name: str) -> None:
         """The job is gone: nothing of it is expected any more."""
         with self._guard:

@@ -36,6 +36,7 @@ from .kube import (
     SUBDOMAIN_PATTERN,
 )
 from .overlay import PodTemplateOverlay, job_problems, within
+from .topology import topology_problems
 from .owned import CONFIG_DIR, SHM_DIR
 
 JOB_BACKENDS = ("elastic", "pytorchjob")
@@ -182,6 +183,23 @@ class NcclSpec:
 
 
 @dataclass
+class TopologySpec:
+    """Kueue's Topology Aware Scheduling of the workers: every worker within one domain of the node label (required),
+    or as few as fit (preferred); backends/elastic/topology.py renders it."""
+
+    required: Optional[str] = setting(None, pattern=RESOURCE_NAME_PATTERN,
+                                      help="a node label (kubernetes.io/hostname, a rack or block label): all workers "
+                                      "in one of its domains, or none admitted")
+    preferred: Optional[str] = setting(None, pattern=RESOURCE_NAME_PATTERN,
+                                       help="a node label: workers in one of its domains if they fit, else in as few "
+                                       "domains of the levels above as they fit")
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        if (self.required is None) == (self.preferred is None):
+            yield "required", f"set either {name('required')} or {name('preferred')}"
+
+
+@dataclass
 class SchedulingSpec:
     """Where the pods may run."""
 
@@ -199,6 +217,10 @@ class SchedulingSpec:
     )
     volcano_queue: Optional[str] = setting(
         None, pattern=SUBDOMAIN_PATTERN, help="Volcano queue of the PodGroup (gang: volcano) or of the PyTorchJob's schedulingPolicy"
+    )
+    topology: Optional[TopologySpec] = setting(
+        None, help="topology-aware placement by Kueue (needs queueName): ranks ordered so consecutive ranks share the "
+        "lowest level"
     )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
@@ -220,7 +242,8 @@ def _action(default: str, why: str) -> Any:
 @dataclass
 class FailurePolicySpec:
     """What a worker failure leads to, by the reason the trainer names: Restart (counted against backoffLimit),
-    RestartNotCounted, or FailJob. One field per reason of brain_trainer.contract.REASONS."""
+    RestartNotCounted, or FailJob. One field per reason of brain_trainer.contract.REASONS, then the operator's
+    own (failure_policy.OPERATOR_REASONS)."""
 
     preempted: str = _action(RESTART_NOT_COUNTED, "the trainer was stopped (SIGTERM, eviction) and committed a checkpoint")
     storage_full: str = _action(FAIL_JOB, "the checkpoint volume is full: a restart fails the same way")
@@ -233,6 +256,10 @@ class FailurePolicySpec:
                           "not write it again")
     network_error: str = _action(RESTART, "a rank did not join the preflight all-reduce, or the network broke it")
     error: str = _action(RESTART, "anything else, including a pod that names no reason")
+    admission_rejected: str = _action(
+        RESTART_NOT_COUNTED, "the kubelet refused to start the pod (OutOfnvidia.com/gpu, UnexpectedAdmissionError, "
+        "NodeAffinity, NodeShutdown): its trainer never ran"
+    )
 
     def action(self, reason: str) -> str:
         return getattr(self, reason.replace("-", "_"))
@@ -244,8 +271,8 @@ class RunPolicySpec:
 
     backoff_limit: int = setting(3, minimum=0, help="failed pods recreated (failurePolicy: Restart) before the job fails")
     active_deadline_seconds: Optional[int] = setting(
-        None, minimum=1, help="fail the job this long after it was created, as a Kubernetes Job: time Pending or "
-        "Queued counts, a span Suspended does not (the clock starts again on resume)"
+        None, minimum=1, help="fail the job this long after it started, as a Kubernetes Job: time Pending counts; "
+        "time Queued by Kueue and Suspended does not (the clock starts at admission, and again on resume)"
     )
     ttl_seconds_after_finished: Optional[int] = setting(
         None, minimum=0, help="delete the workers this long after the job finished; the job and its status stay"
@@ -291,6 +318,7 @@ class JobSpec(TrainerSections):
             data_mount, checkpoints = volume.mount_path, self.checkpoint.mount_path
             if within(data_mount, checkpoints) or within(checkpoints, data_mount):
                 yield "data.volume.mount_path", f"must not overlap {name('checkpoint.mount_path')} ({self.checkpoint.mount_path})"
+        yield from topology_problems(self, name)
         if self.scheduling.gang != GANG_NONE and self.backend != "elastic":
             yield (
                 "scheduling.gang",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from brain_trainer.contract import format_time
 
@@ -62,6 +62,7 @@ __all__ = [
     "all_succeeded",
     "carried_refusal",
     "clock_start",
+    "container_restart_count",
     "elastic_status",
     "invalid_status",
     "is_terminal",
@@ -295,11 +296,15 @@ def pytorchjob_status(
     now: datetime,
     queued: Optional[tuple[str, str]] = None,
     waiting: Optional[Waiting] = None,
+    container_restarts: Optional[int] = None,
 ) -> JobStatus:
     """The new status of a job delegated to Kubeflow, read from its PyTorchJob's conditions.
 
     `queued` (Kueue's reason and message) while Kueue keeps the PyTorchJob suspended; `waiting`, why the pods
     Kubeflow made wait (waiting.py), names the reason of a Pending or Restarting job, as for the elastic backend.
+    `container_restarts`, the restartCount of Kubeflow's pods' containers summed (`container_restart_count`): each
+    rise since the last pass is a restart, as Kubeflow counts it against its backoffLimit (training-operator
+    pkg/controller.v1/common/job.go, pastBackoffLimit sums the restartCount of OnFailure replicas' containers).
     """
     kf_status = (pytorchjob or {}).get("status") or {}
     phase, reason, message, since = PENDING, "PyTorchJobPending", "waiting for the PyTorchJob", None
@@ -319,14 +324,25 @@ def pytorchjob_status(
         # Each new Restarting transition of the PyTorchJob is one restart; our
         # Restarting condition keeps its time, so a repeat read does not count twice.
         restarts += 1
+    if container_restarts is not None:
+        # Replaced pods start from 0 again: only a rise since the last pass is new.
+        restarts += max(0, container_restarts - (before.container_restarts or 0))
     workers = _kubeflow_workers(kf_status, desired)
     out = _counted(before, generation, workers, selector, restarts, strategy, effective_batch_size)
+    out = replace(out, container_restarts=container_restarts if container_restarts is not None
+                  else before.container_restarts)
     if not is_terminal(before):
         out = replace(out, reason=_waiting_reason(before, waiting))
         conditions = _conditions(before, phase, reason, message, now, valid=_VALID, since=since)
         out = _moved(out, before, phase, [*conditions, _workers_ready(before, phase, workers, waiting, now)], now,
                      reported=kf_status)
     return out
+
+
+def container_restart_count(pods: Iterable[Mapping[str, Any]]) -> int:
+    """The restartCount of the pods' containers, summed (restartPolicy OnFailure restarts them in place)."""
+    return sum(int(c.get("restartCount") or 0) for pod in pods
+               for c in (pod.get("status") or {}).get("containerStatuses") or ())
 
 
 def _kubeflow_workers(kf_status: Mapping[str, Any], desired: int) -> WorkerCounts:
@@ -361,10 +377,18 @@ def _counted(
     )
 
 
-def clock_start(before: JobStatus, created: Optional[str]) -> Optional[str]:
-    """When the job's deadline clock started: `status.startTime`, else its creation (`created`) unless it is
-    just resuming from Suspended (then it starts now, as a Kubernetes Job's startTime is reset on resume)."""
-    return before.start_time or (created if before.phase != SUSPENDED else None)
+# Phases the deadline clock does not run in. A Kubernetes Job's startTime is set only while it is not suspended and
+# cleared when it is (pkg/controller/job/job_controller.go syncJob), and a job Kueue queues is suspended until its
+# admission: so a queued job's clock starts at admission, a suspended one's on resume.
+CLOCK_STOPPED = (SUSPENDED, QUEUED)
+
+
+def clock_start(before: JobStatus, created: Optional[str], queued: bool = False) -> Optional[str]:
+    """When the job's deadline clock started: None while Kueue holds every worker (`queued`), else `status.startTime`,
+    else its creation (`created`) unless it is just leaving Suspended or Queued (then it starts now: CLOCK_STOPPED)."""
+    if queued:
+        return None
+    return before.start_time or (created if before.phase not in CLOCK_STOPPED else None)
 
 
 def _moved(
@@ -375,11 +399,11 @@ def _moved(
     is the job's creationTimestamp."""
     reported = reported or {}
     start_time = out.start_time
-    if phase == SUSPENDED:
-        # As for a Kubernetes Job: the deadline clock restarts on resume.
+    if phase in CLOCK_STOPPED:
+        # As for a Kubernetes Job: the deadline clock starts again on resume or admission.
         start_time = None
     else:
-        # Pending and Queued included: activeDeadlineSeconds counts from here (backends/elastic/plan.py).
+        # Pending included: activeDeadlineSeconds counts from here (backends/elastic/plan.py).
         start_time = before.start_time or reported.get("startTime") or clock_start(before, created) or format_time(now)
     completion_time = out.completion_time
     if phase in TERMINAL and not completion_time:

@@ -3,7 +3,8 @@
 The reason is the trainer's own (`brain.ai/<reason>: <line>` in the
 container's termination message, brain_trainer.contract); a pod that names
 none is explained by what Kubernetes says (an eviction is a preemption, the
-kubelet's OOMKilled is out-of-memory, anything else an error). The action is
+kubelet's OOMKilled is out-of-memory, a pod the kubelet refused to start is
+admission-rejected, anything else an error). The action is
 `runPolicy.failurePolicy`'s for that reason (docs/operator.md, "When a
 worker fails").
 """
@@ -33,6 +34,12 @@ from ..spec.model import FAIL_JOB, RESTART, RESTART_NOT_COUNTED, FailurePolicySp
 
 # The kubelet's reason for a container killed at its memory limit.
 KUBELET_OOM = "OOMKilled"
+# A pod the kubelet refused to start: Failed with its admit handler's reason (OutOfnvidia.com/gpu,
+# UnexpectedAdmissionError after a reboot before the device plugin registers, NodeAffinity, NodeShutdown) and
+# message, and no container ever run (kubernetes pkg/kubelet/kubelet.go rejectPod, from canAdmitPod). The
+# operator's own reason, not the trainer's: its action is runPolicy.failurePolicy.admissionRejected.
+ADMISSION_REJECTED = "admission-rejected"
+OPERATOR_REASONS = (ADMISSION_REJECTED,)
 # What a worker reports when a peer, not it, broke the group: a collective that timed out or lost its peer, a
 # preflight a rank never joined, the watchdog's stop of a rank left waiting on a dead peer (its message may
 # outlive torchrun's restarts in the pod), and torchrun's own rendezvous giving up (below).
@@ -48,7 +55,7 @@ class WorkerFailure:
     """One failed worker pod: the reason, its line, and the action the failure policy takes."""
 
     pod: str
-    reason: str  # one of brain_trainer.contract.REASONS
+    reason: str  # one of brain_trainer.contract.REASONS or OPERATOR_REASONS
     line: str
     action: str  # Restart, RestartNotCounted or FailJob
 
@@ -76,6 +83,10 @@ def pod_reason(pod: Mapping[str, Any]) -> tuple[str, str]:
         why = status.get("reason") or target.get("reason") or "disrupted"
         said = status.get("message") or target.get("message")
         return PREEMPTED_REASON, f"{why}: {said}" if said else why
+    status = pod.get("status") or {}
+    if status.get("reason") and not ended:
+        said = status.get("message")
+        return ADMISSION_REJECTED, f"{status['reason']}: {said}" if said else status["reason"]
     if any(t.get("reason") == KUBELET_OOM for t in ended):
         return OUT_OF_MEMORY, "the kubelet killed the container at its memory limit (OOMKilled)"
     code = next((t.get("exitCode") for t in ended), None)

@@ -14,8 +14,9 @@ failure, so the operator counts incidents:
 - A **consequence** is the exit of a pod created before the open incident's
   `since` (or seen failed in the same pass as its root): that pod was in the worker group the incident broke, whatever
   reason it gives. It costs nothing. An incident stays open until rank 0's
-  step passes the step it was charged at (the group trained again); after
-  that, an exit starts a new incident.
+  step passes the step it was charged at (the group trained again), or,
+  whatever rank 0 reports, until the rendezvous' join timeout has passed
+  since it began; after that, an exit starts a new incident.
 - An exit is **excused** when its reason is consequential and a sibling is
   Pending, Terminating, disrupted or missing: a worker waiting for a peer
   that is not there is not the peer's failure, nor its own. It costs nothing.
@@ -62,10 +63,18 @@ class Verdict:
         return self.role == ROOT and self.exit.failure.action == RESTART
 
 
-def still_open(incident: Optional[Incident], step: Optional[int]) -> Optional[Incident]:
+def still_open(incident: Optional[Incident], step: Optional[int], now: Optional[datetime] = None,
+               window: Optional[float] = None) -> Optional[Incident]:
     """The incident while the group has not trained past it: rank 0's `step` (None: no report yet) has not passed
-    the step it was charged at (None: it had none then, so any report is past it)."""
-    if incident is None or step is None:
+    the step it was charged at (None: it had none then, so any report is past it), and, with rank 0 silent, no
+    longer than `window` seconds after it began (`since`): its consequences come within the rendezvous' join
+    timeout, which the operator renders from watchdog.startupSeconds (render/workers.rendezvous_timeouts), so a
+    later exit of a pod of the group it broke is that pod's own failure."""
+    if incident is None:
+        return None
+    if now is not None and window is not None and (now - parse_time(incident.since)).total_seconds() > window:
+        return None
+    if step is None:
         return incident
     return incident if incident.step is not None and step <= incident.step else None
 

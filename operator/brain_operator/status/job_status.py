@@ -86,6 +86,11 @@ class JobStatus:
         0, minimum=0, help="worker-group restarts torchrun made inside rank 0's pod (elastic.maxRestarts), from rank 0's "
         "progress document; never decreases"
     )
+    container_restarts: Optional[int] = setting(
+        None, minimum=0, help="PyTorchJob backend: the restartCount of the trainer containers of Kubeflow's pods, "
+        "summed, as last seen (restartPolicy OnFailure restarts them in place, and Kubeflow counts them against its "
+        "backoffLimit); each rise is counted in restarts"
+    )
     last_in_pod_restart: Optional[str] = setting(
         None, help="why the latest in-pod restart happened, as the failed attempt's trainer named it"
     )

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from brain_trainer.contract import parse_time
 
-from ..objects.schedulers import gated_by_kueue
+from ..objects.schedulers import KUEUE_POD_FINALIZER, gated_by_kueue
 
 UNSCHEDULABLE = "Unschedulable"
 CONTAINER_CREATING = "ContainerCreating"
@@ -88,7 +88,7 @@ def pod_waiting(pod: Mapping[str, Any], now: datetime) -> Optional[tuple[str, st
         # Times, not durations, in messages: a message that changes every pass would be an event every pass.
         return STUCK_TERMINATING, (
             f"Terminating on node {node} past its grace period, which ended {deleted} (is the node lost?); a "
-            f"replacement pod takes its place; to remove it: kubectl delete pod {meta.get('name', '')} --force, or taint the node node.kubernetes.io/out-of-service"
+            f"replacement pod takes its place; {_remedy(meta)}"
         )
     if status.get("phase") not in (None, "Pending") or gated_by_kueue(pod):
         return None
@@ -110,6 +110,18 @@ def pod_waiting(pod: Mapping[str, Any], now: datetime) -> Optional[tuple[str, st
             f"kubectl describe pod {meta.get('name', '')}"
         )
     return None
+
+
+def _remedy(meta: Mapping[str, Any]) -> str:
+    """How a stuck pod goes. A force delete removes a pod no finalizer holds; Kueue's holds its pods until it counts
+    them gone, which the operator sees to (backends/lost_pods.py: marked Failed), and it lets go once the replacement exists.
+    The node's out-of-service taint makes PodGC remove it either way."""
+    name = meta.get("name", "")
+    taint = "or taint the node node.kubernetes.io/out-of-service"
+    if KUEUE_POD_FINALIZER in (meta.get("finalizers") or ()):
+        return (f"the operator marks it Failed so Kueue counts it gone and lets it go (its {KUEUE_POD_FINALIZER} "
+                f"finalizer) once the replacement exists; then kubectl delete pod {name} --force removes it, {taint}")
+    return f"to remove it: kubectl delete pod {name} --force, {taint}"
 
 
 def waiting(pods: Iterable[Mapping[str, Any]], now: datetime) -> Optional[Waiting]:

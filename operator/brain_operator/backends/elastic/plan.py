@@ -27,6 +27,7 @@ from ...status.incidents import ROOT, Exit, Verdict, judge, still_open
 from ...status.job_status import FAILED, SUCCEEDED, Incident, JobStatus
 from ...status.waiting import waiting
 from .. import kueue
+from ..lost_pods import fail_lost_pods
 from ..shared.common import selector
 from ..writes import POD, Plan, Seen, config_patches, missing_others
 from .replacement import kept_pods, names_taken, places_held, replacement, stuck_pods
@@ -91,6 +92,7 @@ def plan_elastic(seen: Seen) -> Plan:
         patches=(*(() if terminal else config_patches(desired, existing)),
                  *(kueue.unretriable(job, existing) if queued and status.phase == FAILED else ())),
         events=tuple(_exit_events(before, status, reported, pod_plan.verdicts, policy.failure_policy)),
+        pod_statuses=tuple(fail_lost_pods(existing, seen.now) if queued else ()),
     )
 
 
@@ -123,7 +125,8 @@ def _running(seen: Seen, view: _Pods) -> _PodPlan:
     # A Kueue pod group's size is fixed at admission: after a resize every worker joins the new group.
     regroup = [ref for ref, p in view.live.items()
                if p.index in view.wanted and kueue.group_size(existing[ref]) != kueue.group_size(view.wanted[p.index])]
-    failure = _deadline_failure(clock_start(before, job.created), policy.active_deadline_seconds, now)
+    failure = _deadline_failure(clock_start(before, job.created, kueue.all_gated(view.live.values())),
+                                policy.active_deadline_seconds, now)
     # Why each failed worker failed, and what runPolicy.failurePolicy does about it.
     fates = {ref: explain(existing[ref], policy.failure_policy) for ref, p in view.live.items() if p.phase == FAILED}
     fates.update({ref: explain(existing[ref], policy.failure_policy) for ref in view.disrupted})
@@ -131,7 +134,8 @@ def _running(seen: Seen, view: _Pods) -> _PodPlan:
     judged = [ref for ref in fates if ref in view.new or ref in view.disrupted]
     step = before.progress.step if before.progress is not None else None
     found, incident = judge([_exit(existing[ref], fates[ref], now) for ref in judged],
-                            still_open(before.incident, step), _blocked(view.wanted, view.pods, existing), step)
+                            still_open(before.incident, step, now, job.spec.watchdog.startup_seconds),
+                            _blocked(view.wanted, view.pods, existing), step)
     verdicts = dict(zip(judged, found))
     pod_plan = _plan_pods(job, view, before.restarts, failure, fates, verdicts, regroup)
     return replace(pod_plan, verdicts=verdicts, incident=incident, regroup=regroup)
@@ -268,7 +272,7 @@ def _deadline_failure(started: Optional[str], deadline: Optional[int], now: date
     if deadline is None or not started or now - parse_time(started) < timedelta(seconds=deadline):
         return None
     return Failure(DEADLINE_EXCEEDED, f"not finished runPolicy.activeDeadlineSeconds={deadline} s after it was "
-                                      f"created or resumed ({started})")
+                                      f"created, admitted or resumed ({started})")
 
 
 def _ttl_expired(before: JobStatus, ttl: Optional[int], now: datetime) -> bool:

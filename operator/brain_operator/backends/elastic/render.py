@@ -25,6 +25,7 @@ from ..shared.gangs import build_pod_group, join_pod_group
 from ..shared.network import build_network_policy
 from ..shared.overlay import with_labels
 from ..shared.workers import RDZV_PORT, RDZV_PORT_NAME, elastic_worker
+from .topology import placement
 
 CONTAINER_NAME = TRAINER_CONTAINER
 # The operator, not the kubelet, replaces failed pods: it counts them against runPolicy.backoffLimit.
@@ -59,6 +60,9 @@ def build_worker_pod(job: Job, index: int) -> dict[str, Any]:
     if job.spec.scheduling.queue_name:
         labels[POD_GROUP_LABEL] = job.name
         annotations[POD_GROUP_COUNT_ANNOTATION] = str(job.spec.nodes)
+        placed_labels, placed_annotations = placement(job, index)
+        labels.update(placed_labels)
+        annotations.update(placed_annotations)
     spec = pod_spec(job, CONTAINER_NAME, worker.container, RESTART_POLICY)
     spec["hostname"] = worker.name
     spec["subdomain"] = workers_service_name(job.name)

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 from ...objects.names import CONFIG_HASH_ANNOTATION, SUSPEND_ANNOTATION
 from ...objects.refs import ObjectRef
 from ...spec import Job, effective_batch_size, resolved_strategy
-from ...status.compute import is_terminal, pytorchjob_status
+from ...status.compute import container_restart_count, is_terminal, pytorchjob_status
 from ...status.events import compute_events
 from ...status.waiting import waiting
 from .. import kueue
@@ -47,6 +47,7 @@ def plan_pytorchjob(seen: Seen) -> Plan:
         now=now,
         queued=kueue.reason(job, existing) if current is not None and kueue.holds(job, current) else None,
         waiting=None if terminal else waiting(_kubeflow_pods(job, existing), now),
+        container_restarts=container_restart_count(_kubeflow_pods(job, existing)),
     )
     return Plan(
         status=status,
