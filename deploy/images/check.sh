@@ -173,7 +173,7 @@ steps="$(grep -c ' step [0-9]*/6 loss' "$WORK/train.log" || true)"
 [[ -d "$WORK/ckpt/step-00000006" ]] || fail "no checkpoint of step 6 in $(ls "$WORK/ckpt")"
 echo "image-check: ok: trained 6 steps as uid 1000 in $((SECONDS - began_train)) s, checkpoint step-00000006"
 
-# Train on (from step 6 where the base's Python reads the checkpoint back), then SIGTERM the container's first
+# Train on from step 6, then SIGTERM the container's first
 # process once a step is logged: the trainers must commit a new checkpoint and the container exit 75.
 sed -i "s/^    steps: 6$/    steps: $STEPS_AFTER_STOP/" "$WORK/job/job.yaml"
 render

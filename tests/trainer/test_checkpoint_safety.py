@@ -143,6 +143,39 @@ def test_a_hostile_metadata_is_named_moved_aside_and_the_previous_checkpoint_res
     assert "moved to step-00000004.corrupt, falling back to the previous committed checkpoint" in caplog.text
 
 
+class _ByGetattr:
+    """Pickles as `getattr(owner, name)`: how Python 3.11.0-3.11.4 pickle an enum member."""
+
+    def __init__(self, owner: object, name: str):
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return getattr, (self.owner, self.name)
+
+
+def _unpickle_metadata(tmp_path: Path, obj: object) -> object:
+    path = tmp_path / ".metadata"
+    path.write_bytes(pickle.dumps(obj))
+    with open(path, "rb") as file:
+        return shards._MetadataUnpickler(file, path).load()
+
+
+def test_an_enum_member_pickled_by_getattr_as_python_3_11_2_writes_it_is_read(tmp_path):
+    member = next(iter(shards._MEM_FORMAT_ENCODING))
+    assert pickle.dumps(member) != pickle.dumps(_ByGetattr(type(member), member.name))  # this Python pickles by value
+    assert _unpickle_metadata(tmp_path, _ByGetattr(type(member), member.name)) is member
+
+
+@pytest.mark.parametrize(("owner", "name"), [
+    (shards._MEM_FORMAT_ENCODING, "__class__"),  # an admitted enum, but no member of it
+    (torch.Size, "__init__"),  # an admitted class that is no enum
+    (logging.Logger, "manager"),  # a class not admitted: refused before getattr is reached
+])
+def test_getattr_reaches_nothing_but_an_admitted_enums_members(tmp_path, owner, name):
+    with pytest.raises(shards.RefusedCheckpoint, match="refuses to unpickle"):
+        _unpickle_metadata(tmp_path, _ByGetattr(owner, name))
+
+
 def test_a_hostile_item_is_refused_and_the_previous_checkpoint_overwrites_what_it_read(tmp_path, caplog):
     marker = tmp_path / "ran"
     good = _state()

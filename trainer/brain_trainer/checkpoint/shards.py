@@ -21,6 +21,7 @@ naming the file and what it holds.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import io
 import json
 import math
@@ -102,9 +103,18 @@ class _MetadataUnpickler(pickle.Unpickler):
         found = _METADATA_GLOBALS.get((module, name))
         if found is None and module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             found = getattr(torch, name)  # a dtype pickles as the global torch.<name>
+        if found is None and (module, name) == ("builtins", "getattr"):
+            found = self._enum_member
         if found is None:
             raise RefusedCheckpoint(self.path, f"refuses to unpickle {module}.{name}")
         return found
+
+    def _enum_member(self, cls: Any, name: Any) -> enum.Enum:
+        """What `getattr(cls, name)` gives, for an admitted Enum's member only: Python 3.11.0-3.11.4 pickle an enum
+        member as that call (Debian 12's 3.11.2 among them), later ones by value."""
+        if cls in _METADATA_GLOBALS.values() and isinstance(cls, enum.EnumMeta) and name in cls.__members__:
+            return cls[name]
+        raise RefusedCheckpoint(self.path, f"refuses to unpickle getattr({getattr(cls, '__name__', cls)!r}, {name!r})")
 
 
 def read_metadata(path: Path) -> Metadata:
