@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import pytest
 from brain_operator.metrics import OperatorMetrics
-from brain_operator.names import JOB_NAME_LABEL
+from brain_operator.objects.names import JOB_NAME_LABEL
 from brain_trainer.contract import Goodput, Progress
 from brain_trainer.observe import commits
 from brain_trainer.observe.metrics import MetricsServer
