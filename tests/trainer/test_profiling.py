@@ -97,7 +97,9 @@ def test_rank_0s_vote_carries_a_new_profile_request_once_and_ignores_a_malformed
     assert preemption.vote(4).profile_steps == 0
     assert "profile request ignored: a profile request is '<steps> [anything]'" in caplog.text
     preemption.close()
-    assert Preemption(CheckpointConfig(dir=str(tmp_path)), rank=1, profile_file=request).profiles.path is None
+    other = Preemption(CheckpointConfig(dir=str(tmp_path)), rank=1, profile_file=request)
+    other.close()
+    assert other.profiles.path is None, "only rank 0 reads the request"
 
 
 @pytest.mark.parametrize("text", ["", "0", "-2 x", "two"])
