@@ -78,6 +78,17 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .local.run import request_profile
+
+    if args.steps < 1:
+        raise CliError(f"--steps: must be a whole number >= 1, got {args.steps}")
+    request = request_profile(args.workdir, args.steps)
+    print(f"braintrain: profile requested ({request}): every worker traces {args.steps} step(s) from its next step "
+          f"boundary, into profiles/step-<n>/ beside the checkpoints")
+    return 0
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     from .cluster.worker_logs import Logs, since_seconds
 
@@ -265,6 +276,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = command("checkpoint", cmd_checkpoint, "ask a running `braintrain run` for a checkpoint at its next step boundary")
     p.add_argument("workdir", type=Path, metavar="WORKDIR", help="the run's work directory (default of run: ./runs/<job-name>)")
+
+    p = command("profile", cmd_profile, "ask a running `braintrain run` for a profile of the steps after its next "
+                "step boundary, on every rank")
+    p.add_argument("workdir", type=Path, metavar="WORKDIR", help="the run's work directory (default of run: ./runs/<job-name>)")
+    p.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps traced (default: 3)")
 
     p = command("logs", cmd_logs, "print every worker pod's log of a job in the current cluster, each line prefixed "
                 "with its pod and node rank")

@@ -6,19 +6,21 @@ the same two worker pods and model, fewer steps, denser checkpoints.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
 import signal
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
 import yaml
 from processes import Child, alive, start
 
-from brain_operator.local.run import request_checkpoint
+from brain_operator.local.run import request_checkpoint, request_profile
 from brain_trainer.checkpoint import shards
 from brain_trainer.checkpoint.store import list_checkpoints
 from brain_trainer.contract import TERMINATION_LOG_ENV
@@ -243,28 +245,47 @@ def test_a_finished_job_is_complete_and_a_new_run_on_the_same_claim_continues(re
     assert summary(out)["steps"] == f"{more}/{more}" and committed_steps(workdir)[-1] == more
 
 
+def asked_mid_run(job: Path, workdir: Path, ask: Callable[[Path], str]) -> tuple[int, str, str]:
+    """The run, asked once mid-run (`ask(workdir)`: what `braintrain checkpoint` or `profile` does, without a second
+    Python's start-up between the look and the ask): the step rank 0 had reported then, the request, the output."""
+    asked_at = request = None
+    with braintrain_run(job, workdir) as run:
+        for _ in run.lines():
+            if request is None and 3 <= progress_step(workdir) <= STEPS - 5:
+                asked_at, request = progress_step(workdir), ask(workdir)
+        code = run.wait()
+    assert code == 0, run.output
+    assert asked_at is not None and request is not None, "the run ended before it could be asked"
+    return asked_at, request, run.output
+
+
 def test_a_checkpoint_on_demand_is_committed_within_two_steps(tmp_path):
     # No interval saves, a progress document after every step and a vote after every step: any
     # checkpoint before the last step is the one asked for, and the test sees the step it asked at.
     job = write_job(tmp_path / "job.yaml", log_interval=1, intervalSteps=0, preemptionVoteSeconds=0)
     workdir = tmp_path / "run"
-    asked_at = request = None
-    with braintrain_run(job, workdir) as run:
-        for _ in run.lines():
-            if request is None and 3 <= progress_step(workdir) <= STEPS - 5:
-                # What `braintrain checkpoint WORKDIR` does, without a second Python's start-up between the look and
-                # the ask.
-                asked_at, request = progress_step(workdir), request_checkpoint(workdir)
-        code = run.wait()
-    out = run.output
-    assert code == 0, out
-    assert request is not None, "the run ended before a checkpoint could be asked for"
+    asked_at, request, out = asked_mid_run(job, workdir, request_checkpoint)
     *on_demand, last = committed_steps(workdir)
     assert last == STEPS and len(on_demand) == 1, committed_steps(workdir)
     assert asked_at < on_demand[0] <= asked_at + 2
     assert f"checkpoint requested ({request}): saving step {on_demand[0]}" in out
     doc = json.loads((workdir / "progress.json").read_text())
     assert (doc["checkpoint_request"], doc["checkpoint_request_step"]) == (request, on_demand[0])
+
+
+def test_a_profile_on_demand_traces_the_steps_asked_for_on_both_workers(tmp_path):
+    # A vote after every step: the profile starts within two steps of the one the test saw when it asked.
+    job = write_job(tmp_path / "job.yaml", log_interval=1, preemptionVoteSeconds=0)
+    workdir = tmp_path / "run"
+    asked_at, request, out = asked_mid_run(job, workdir, lambda w: request_profile(w, 2))
+    folder = Path(json.loads((workdir / "progress.json").read_text())["profile"])
+    start = int(folder.name.removeprefix("step-"))
+    assert asked_at < start <= asked_at + 2 and folder.parent == claim_of(workdir) / "profiles"
+    assert f"profiling steps {start}-{start + 1} on every rank (requested)" in out
+    for rank in (0, 1):
+        with gzip.open(folder / f"rank-{rank}.json.gz", "rt") as f:
+            names = {event.get("name", "") for event in json.load(f)["traceEvents"]}
+        assert {n for n in names if n.startswith("ProfilerStep#")} == {f"ProfilerStep#{start}", f"ProfilerStep#{start + 1}"}
 
 
 def test_a_killed_trainer_on_worker_1_is_one_restart_and_goodput_shows_the_recomputed_steps(tmp_path):

@@ -1,6 +1,8 @@
 """Checkpoint on demand through the operator: the brain.ai/checkpoint-now annotation -> the job's ConfigMap ->
 (kubelet) the file beside trainer.yaml in every worker; rank 0's progress document answers it with an event."""
 
+import contextlib
+
 from fake_cluster import FakeCluster
 from test_handlers import context
 from test_reconcile import NS, manifest, started, step
@@ -70,41 +72,53 @@ def test_removing_the_annotation_removes_the_key_and_settles():
     assert cluster.writes[mark:] == [] and requested(cluster) == []
 
 
-def test_the_pytorchjob_backend_passes_it_on_the_same_way():
+def test_the_pytorchjob_backend_passes_both_requests_on_the_same_way():
     cluster = FakeCluster()
     cluster.apply_job(annotated(None, backend="pytorchjob"))
     step(cluster)
-    cluster.apply_job(annotated("now", backend="pytorchjob"))
+    job = annotated("now", backend="pytorchjob")
+    job["metadata"]["annotations"]["brain.ai/profile-now"] = "2"
+    cluster.apply_job(job)
     step(cluster)
     assert config_data(cluster)["checkpoint-request"] == "now" and len(requested(cluster)) == 1
+    assert config_data(cluster)["profile-request"] == "2"
+    assert [e.reason for _, e in cluster.events if e.reason == "ProfileRequested"] == ["ProfileRequested"]
 
 
-def test_the_answer_in_rank_0s_progress_becomes_one_event_with_its_step():
+@contextlib.contextmanager
+def polled(job):
+    """`job` running, its pods' /progress served by a real MetricsServer: yields (cluster, server, poll)."""
     server = MetricsServer(0, host="127.0.0.1")
     cluster = FakeCluster()
     ctx = context(cluster)
     ctx.fetch = lambda url: handlers.fetch_json(url.replace(url.split("/")[2], f"127.0.0.1:{server.port}"))
+    name = job["metadata"]["name"]
     try:
-        cluster.apply_job(annotated("r1", name="demo"))
-        handlers.reconcile_job(ctx, NS, "demo")
+        cluster.apply_job(job)
+        handlers.reconcile_job(ctx, NS, name)
         cluster.run_all()
-        handlers.reconcile_job(ctx, NS, "demo")
+        handlers.reconcile_job(ctx, NS, name)
         for pod in cluster.pods():
             cluster.set_pod(pod, "Running", ready=True, podIP="127.0.0.1")
+        yield cluster, server, lambda: handlers.reconcile_job(ctx, NS, name, poll=True)
+    finally:
+        server.close()
+
+
+def test_the_answer_in_rank_0s_progress_becomes_one_event_with_its_step():
+    with polled(annotated("r1", name="demo")) as (cluster, server, poll):
         server.publish(Progress(step=40, total_steps=200, last_checkpoint_step=30))
-        handlers.reconcile_job(ctx, NS, "demo", poll=True)
+        poll()
         assert [e for _, e in cluster.events if e.reason == "CheckpointCommitted"] == []
 
         server.publish(Progress(step=44, total_steps=200, last_checkpoint_step=42, checkpoint_request="r1",
                                 checkpoint_request_step=42))
-        handlers.reconcile_job(ctx, NS, "demo", poll=True)
-        handlers.reconcile_job(ctx, NS, "demo", poll=True)  # seen again: no second event
+        poll()
+        poll()  # seen again: no second event
         status = cluster.get_job(NS, "demo")["status"]
         assert (status["progress"]["checkpointRequest"], status["progress"]["checkpointRequestStep"]) == ("r1", 42)
         (event,) = [e for _, e in cluster.events if e.reason == "CheckpointCommitted"]
         assert event.message == "checkpoint of step 42 committed for brain.ai/checkpoint-now=r1"
-    finally:
-        server.close()
 
 
 def test_answered_events_need_a_new_request():

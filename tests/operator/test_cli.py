@@ -19,6 +19,7 @@ from brain_operator.local.run import _say, running_here
 from brain_operator.local.plan import LocalRunError
 from brain_operator.reconcile import reconcile
 from brain_operator.spec import OperatorDefaults
+from brain_trainer.contract import profile_request_steps
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.yaml"))
 LOCAL_MINIMAL = EXAMPLES[0].with_name("local-minimal.yaml")
@@ -367,6 +368,20 @@ def test_checkpoint_of_a_run_that_is_not_running_says_so_with_its_last_state(cap
     code, out, err = run_cli(capsys, "checkpoint", str(tmp_path))
     assert (code, out) == (1, "") and err.endswith(": the run is not running (last: Succeeded at step 20/20)\n")
     assert not (tmp_path / "config" / "checkpoint-request").exists()
+
+
+def test_profile_asks_a_local_run_for_its_steps_through_the_file_beside_its_trainer_yaml(capsys, tmp_path):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "trainer.yaml").write_text("{}\n")
+    with running_here(tmp_path):
+        code, out, err = run_cli(capsys, "profile", str(tmp_path), "--steps", "4")
+        request = (tmp_path / "config" / "profile-request").read_text().strip()
+        assert code == 0 and err == "" and profile_request_steps(request) == 4
+        assert out.startswith(f"braintrain: profile requested ({request}): every worker traces 4 step(s)")
+        code, out, err = run_cli(capsys, "profile", str(tmp_path), "--steps", "0")
+        assert (code, out, err) == (1, "", "braintrain: --steps: must be a whole number >= 1, got 0\n")
+    code, out, err = run_cli(capsys, "profile", str(tmp_path))
+    assert (code, out) == (1, "") and err.startswith(f"braintrain: {tmp_path}: the run is not running")
 
 
 def test_checkpoint_of_a_folder_without_a_run_is_one_line(capsys, tmp_path):

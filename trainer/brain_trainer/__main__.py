@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
 from .config import load_config
-from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_ERROR_REASON, CONFIG_FLAG, TRAINER_MODULE
+from .contract import CHECKPOINT_REQUEST_FILE, CONFIG_ERROR_REASON, CONFIG_FLAG, PROFILE_REQUEST_FILE, TRAINER_MODULE
 from .resilience.failures import Fatal, begin_attempt, report
 from .version import TORCH_REQUIREMENT, __version__, torch_refusal
 
@@ -61,9 +61,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_torch()  # imports torch: only once the config is known to be good
         from .loop.train import train
 
-        # The request file is another key of trainer.yaml's ConfigMap: it lies beside it.
-        train(cfg, checkpoint_request=Path(args.config).with_name(CHECKPOINT_REQUEST_FILE), started=started,
-              restarted_after=restarted_after)
+        # The request files are other keys of trainer.yaml's ConfigMap: they lie beside it.
+        config = Path(args.config)
+        train(cfg, checkpoint_request=config.with_name(CHECKPOINT_REQUEST_FILE), started=started,
+              restarted_after=restarted_after, profile_request=config.with_name(PROFILE_REQUEST_FILE))
     except KeyboardInterrupt:
         raise  # Ctrl-C is the user's
     except SystemExit as exc:  # Preempted, its checkpoint committed and its message written: leave with its code

@@ -27,6 +27,17 @@ CONFIG_FILE = "trainer.yaml"
 # workers to commit a checkpoint at the next step boundary (the job's brain.ai/checkpoint-now
 # annotation; `braintrain checkpoint` locally).
 CHECKPOINT_REQUEST_FILE = "checkpoint-request"
+# Beside it, the same way: a new content "<steps> [anything]" asks every rank to profile that many steps from
+# the next step boundary (the job's brain.ai/profile-now annotation; `braintrain profile` locally).
+PROFILE_REQUEST_FILE = "profile-request"
+
+
+def profile_request_steps(request: str) -> int:
+    """The steps a profile request asks for: its first word, a whole number >= 1; ValueError naming what is wrong."""
+    word = request.split(maxsplit=1)[0] if request.split() else ""
+    if not word.isdigit() or int(word) < 1:
+        raise ValueError(f"a profile request is '<steps> [anything]' with steps a whole number >= 1, got {request!r}")
+    return int(word)
 
 
 def trainer_args(config_path: str) -> list[str]:

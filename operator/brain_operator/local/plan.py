@@ -36,7 +36,6 @@ from typing import Callable, Mapping, Optional
 from brain_trainer.config import TrainerConfig
 from brain_trainer.contract import (
     AGENT_MODULE,
-    CHECKPOINT_REQUEST_FILE,
     CONFIG_FILE,
     LAUNCH_ENV_KEYS,
     LAUNCH_ENV_PREFIXES,
@@ -73,7 +72,7 @@ __all__ = [
     "missing_claim",
     "not_started",
     "STDLIB_PLACEHOLDER",
-    "checkpoint_request_file",
+    "request_file",
     "localize",
     "plan_local",
     "process_env",
@@ -327,10 +326,11 @@ def cluster_only(job: Job) -> Optional[str]:
     return None
 
 
-def checkpoint_request_file(workdir: Path) -> Path:
-    """Where `braintrain checkpoint` asks a run in `workdir` for a checkpoint: beside trainer.yaml, in the
-    ConfigMap's folder, as the operator puts the job's checkpoint-now annotation into the ConfigMap."""
-    return workdir / CONFIG_VOLUME / CHECKPOINT_REQUEST_FILE
+def request_file(workdir: Path, name: str) -> Path:
+    """Where `braintrain checkpoint` (`profile`) asks a run in `workdir` for a checkpoint (a profile): the file
+    `name` beside trainer.yaml, in the ConfigMap's folder, as the operator puts the job's checkpoint-now
+    (profile-now) annotation into the ConfigMap."""
+    return workdir / CONFIG_VOLUME / name
 
 
 def process_env(inherited: Mapping[str, str], worker: LocalWorker) -> dict[str, str]:

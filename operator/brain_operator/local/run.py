@@ -37,7 +37,17 @@ from typing import IO, Any, Callable, Iterator, Mapping, Optional, TextIO
 
 from brain_trainer.checkpoint import resume_from
 from brain_trainer.checkpoint.store import Candidate, list_checkpoints, set_aside_folders
-from brain_trainer.contract import CONFIG_FILE, ERROR, PROGRESS_FILE_ENV, Progress, cause_rank, format_time, parse_termination
+from brain_trainer.contract import (
+    CHECKPOINT_REQUEST_FILE,
+    CONFIG_FILE,
+    ERROR,
+    PROFILE_REQUEST_FILE,
+    PROGRESS_FILE_ENV,
+    Progress,
+    cause_rank,
+    format_time,
+    parse_termination,
+)
 from brain_trainer.parallel.launcher import held_port
 
 from .display import Display, RunSummary, make_display, read_progress, summary_lines
@@ -47,13 +57,13 @@ from .plan import (
     LocalPlan,
     LocalRunError,
     LocalWorker,
-    checkpoint_request_file,
     cluster_only,
     localize,
     missing_claim,
     not_started,
     plan_local,
     process_env,
+    request_file,
 )
 from ..backends.shared.workers import run_id
 from ..spec import OperatorDefaults, parse_job
@@ -62,7 +72,7 @@ from ..status.stalled import quiet
 from ..sizing.storage import check_storage, local_shortfall
 from .dataset import job_vocabulary
 
-__all__ = ["newest_committed", "planner", "request_checkpoint", "run_job", "running_here"]
+__all__ = ["newest_committed", "planner", "request_checkpoint", "request_profile", "run_job", "running_here"]
 
 # How often the runner looks at its processes and the progress document.
 POLL_SECONDS = 0.2
@@ -371,13 +381,24 @@ def request_checkpoint(workdir: Path) -> str:
     The same file the operator writes into the job's ConfigMap: rank 0 reads it, the ranks agree in their vote.
     A run that is not running would never answer: LocalRunError says so.
     """
-    path = checkpoint_request_file(workdir.resolve())
+    return _request(workdir, CHECKPOINT_REQUEST_FILE, "")
+
+
+def request_profile(workdir: Path, steps: int) -> str:
+    """Ask the run in `workdir` for a profile of `steps` steps from its next step boundary on, on every rank;
+    returns the request's text (`<steps> <when>`), passed on as request_checkpoint's is."""
+    return _request(workdir, PROFILE_REQUEST_FILE, f"{steps} ")
+
+
+def _request(workdir: Path, name: str, prefix: str) -> str:
+    """Write a new request into the file `name` beside the running run's trainer.yaml."""
+    path = request_file(workdir.resolve(), name)
     if not path.with_name(CONFIG_FILE).is_file():
         raise LocalRunError(f"{workdir}: no braintrain run here (no {path.with_name(CONFIG_FILE)})")
     last = ended(workdir.resolve())
     if last is not None:
         raise LocalRunError(f"{workdir}: the run is not running" + (f" (last: {last})" if last else ""))
-    request = format_time() + f" {time.time_ns() % 1_000_000_000:09d}"  # new every time, and says when
+    request = prefix + format_time() + f" {time.time_ns() % 1_000_000_000:09d}"  # new every time, and says when
     staged = path.with_name(path.name + ".tmp")
     staged.write_text(request + "\n")
     staged.replace(path)  # the trainer never reads half a request

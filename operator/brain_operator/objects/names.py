@@ -21,6 +21,8 @@ REPLICA_INDEX_LABEL = f"{GROUP}/replica-index"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 # On a BrainTrainingJob, set by its user: a new value asks the workers for a checkpoint (docs/operator.md).
 CHECKPOINT_NOW_ANNOTATION = f"{GROUP}/checkpoint-now"
+# On a BrainTrainingJob, set by its user: a new value "<steps> [anything]" asks the workers for a profile.
+PROFILE_NOW_ANNOTATION = f"{GROUP}/profile-now"
 # On a PyTorchJob: the BrainTrainingJob's runPolicy.suspend last applied to it.
 SUSPEND_ANNOTATION = f"{GROUP}/suspend"
 MANAGED_BY = {"app.kubernetes.io/name": "brain-train", "app.kubernetes.io/managed-by": "brain-operator"}

@@ -400,6 +400,7 @@ class Job:
     generation: int
     spec: JobSpec
     checkpoint_request: Optional[str] = None  # the brain.ai/checkpoint-now annotation, when set
+    profile_request: Optional[str] = None  # the brain.ai/profile-now annotation, when set
     # metadata.creationTimestamp (the API server's): where runPolicy.activeDeadlineSeconds starts counting.
     created: Optional[str] = None
     # The apiVersion of Kubernetes' PodGroup that `gang: native` renders: the one the cluster serves (cluster/discovery.py).

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional
 from brain_trainer.contract import parse_time
 from brain_trainer.schema import ConfigError, FieldError, from_dict, quoted
 
-from ..objects.names import CHECKPOINT_NOW_ANNOTATION, worker_pod_name
+from ..objects.names import CHECKPOINT_NOW_ANNOTATION, PROFILE_NOW_ANNOTATION, worker_pod_name
 from .defaults import OperatorDefaults
 from .kube import DNS_LABEL_MAX, NAME_PATTERN, is_namespace
 from .model import Job, JobSpec
@@ -57,7 +57,8 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
     if len(errors) > len(refusals):
         raise ConfigError(errors)
     job = Job(name=name, namespace=namespace, uid=uid, generation=generation, spec=spec,
-              checkpoint_request=_checkpoint_request(manifest.get("metadata")),
+              checkpoint_request=_annotation(manifest.get("metadata"), CHECKPOINT_NOW_ANNOTATION),
+              profile_request=_annotation(manifest.get("metadata"), PROFILE_NOW_ANNOTATION),
               created=_created(manifest.get("metadata")),
               network=(defaults or OperatorDefaults()).network)
     if refusals:
@@ -74,9 +75,10 @@ def _created(metadata: Any) -> Optional[str]:
         return None
 
 
-def _checkpoint_request(metadata: Any) -> Optional[str]:
+def _annotation(metadata: Any, key: str) -> Optional[str]:
+    """An on-demand request's annotation (checkpoint-now, profile-now), when set and not blank."""
     annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    value = annotations.get(CHECKPOINT_NOW_ANNOTATION) if isinstance(annotations, Mapping) else None
+    value = annotations.get(key) if isinstance(annotations, Mapping) else None
     return (value.strip() or None) if isinstance(value, str) else None
 
 

@@ -10,5 +10,5 @@ the rules that judge worker exits.
     events          the Kubernetes Events a status change posts
     progress        rank 0's progress document in the status
     stalled         the Stalled condition (no step for too long)
-    on_demand       the checkpoint-now request's events
+    on_demand       the checkpoint-now and profile-now requests' events
 """

@@ -53,6 +53,7 @@ class Run:
     checkpoint_request: Optional[Path]  # contract.CHECKPOINT_REQUEST_FILE
     started: float  # time.time() when this trainer process began (the goodput ledger's initialisation)
     restarted_after: Optional[str] = None  # why torchrun restarted the workers in this pod (failures.begin_attempt)
+    profile_request: Optional[Path] = None  # contract.PROFILE_REQUEST_FILE
 
 
 @dataclass
@@ -119,7 +120,8 @@ def _checkpoints(run: Run, layout: RunLayout, parameters: int, source: Optional[
     # After finish() or a preemption it is closed already; after an error this does not wait for a save in flight.
     cleanup.callback(ckpt.close, wait=False)
     # Before the restore: a SIGTERM from here on is answered at the first vote, with a checkpoint.
-    preemption = Preemption(cfg.checkpoint, rank=layout.rank, group=ckpt.group, request_file=run.checkpoint_request)
+    preemption = Preemption(cfg.checkpoint, rank=layout.rank, group=ckpt.group, request_file=run.checkpoint_request,
+                            profile_file=run.profile_request)
     cleanup.callback(preemption.close)  # SIGTERM gets its meaning back after an error
     return ckpt, preemption
 

@@ -18,20 +18,22 @@ from ..resilience.preemption import Preemption
 log = logging.getLogger(__name__)
 
 
-def after_step(state: TrainState, ckpt: CheckpointManager, preemption: Preemption, cadence: Cadence) -> None:
-    """After every optimizer step: vote when the vote or a save is due (a save is collective anyway), then save."""
+def after_step(state: TrainState, ckpt: CheckpointManager, preemption: Preemption, cadence: Cadence) -> int:
+    """After every optimizer step: vote when the vote or a save is due (a save is collective anyway), then save.
+    Returns the steps of a profile the ranks agreed to take from the next step on (0: none)."""
     due = cadence.due(state.step)
-    request = None
+    request, profile_steps = None, 0
     if preemption.due(state.step) or due:
         vote = preemption.vote(state.step, cadence.figures(ckpt.last_stall_s))
         if vote.stop:
             _leave(state, ckpt, preemption)
         cadence.update(vote.step_s, vote.figures)
-        request = vote.request
+        request, profile_steps = vote.request, vote.profile_steps
     save = due or request is not None
     ckpt.after_step(state, save=save, request=request)
     if save:
         cadence.saved(state.step)
+    return profile_steps
 
 
 def finish(state: TrainState, ckpt: CheckpointManager, preemption: Preemption) -> None:

@@ -60,13 +60,14 @@ def committed_step(ckpt: CheckpointManager) -> Optional[int]:
 
 
 def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None, started: Optional[float] = None,
-          restarted_after: Optional[str] = None) -> TrainResult:
+          restarted_after: Optional[str] = None, profile_request: Optional[Path] = None) -> TrainResult:
     """Train as configured; returns on every rank once the last step is saved.
 
     DistributedLauncher exports the torch variables for whichever launcher
     started this process, then runs the loop here. A new content of the
     `checkpoint_request` file asks for a checkpoint at the next vote
-    (contract.CHECKPOINT_REQUEST_FILE). `started` (time.time()) is when this
+    (contract.CHECKPOINT_REQUEST_FILE), of the `profile_request` file a profile of
+    the steps after it (contract.PROFILE_REQUEST_FILE). `started` (time.time()) is when this
     trainer process began, for the goodput ledger; default: now. `restarted_after`:
     why torchrun restarted the workers in this pod (`reason: line`), None on a
     pod's first attempt; the ledger counts it as an in-pod restart.
@@ -79,7 +80,7 @@ def train(cfg: TrainerConfig, *, checkpoint_request: Optional[Path] = None, star
     if cfg.data.source == "tokens":
         cfg, held_out = token_source(cfg, dataset)
     run = Run(config=cfg, dataset=dataset, held_out=held_out, checkpoint_request=checkpoint_request, started=started,
-              restarted_after=restarted_after)
+              restarted_after=restarted_after, profile_request=profile_request)
     return DistributedLauncher(cfg.distributed).launch(_launched, run)
 
 
@@ -134,8 +135,10 @@ def _loop(t: Trainer, cfg: TrainerConfig, reporter: Reporter, watchdog: Watchdog
         state.sample_index += t.global_batch
         t.sample_log.record(state.step)
         watchdog.stepped(state.step)
-        boundary.after_step(state, ckpt, t.preemption, t.cadence)
+        profile_steps = boundary.after_step(state, ckpt, t.preemption, t.cadence)
         reporter.stepped(state.step, ckpt.stall_total_s)
+        if profile_steps:
+            reporter.profile_now(state.step, profile_steps)
         if t.evaluator is not None and due(state.step, training):
             began = time.perf_counter()
             with watchdog.evaluating():

@@ -57,6 +57,11 @@ class StepProfiler:
         if first_step == self._begin_after:
             self._profiler.start()
 
+    @property
+    def busy(self) -> bool:
+        """Its window is still to come or under way."""
+        return self._profiler is not None
+
     def stepped(self, step: int) -> None:
         """Step `step` ended: start the profiler before the window, mark each step in it, stop after it."""
         if self._profiler is None:

@@ -135,6 +135,22 @@ class Reporter:
         if self.profiler is not None:
             self.profiler.stepped(step)
 
+    def profile_now(self, step: int, steps: int) -> None:
+        """The ranks agreed on a profile request at `step`: trace the `steps` steps after it, with spec.profiling's
+        options, unless a profile is under way (or still to come) already."""
+        if self.profiler is not None and self.profiler.busy:
+            if self.active:
+                log.warning("profile request at step %d ignored: the profile in %s is not written yet", step,
+                            self.profiler.folder)
+            return
+        from .profiling import StepProfiler  # imports torch.profiler: only once a profile is asked for
+
+        self.profiler = StepProfiler(replace(self._cfg.profiling, start_step=step + 1, steps=steps),
+                                     Path(self._cfg.checkpoint.dir), self._rank, step)
+        if self.active:
+            log.info("profiling steps %d-%d on every rank (requested): traces in %s/rank-*.json.gz", step + 1,
+                     step + steps, self.profiler.folder)
+
     def evaluated(self, step: int, loss: float, perplexity: float, tokens: int, seconds: float) -> None:
         """An evaluation pass of `seconds` ran after `step`: logged, and in the progress document from now on."""
         self.books.eval_history.append((step, loss))

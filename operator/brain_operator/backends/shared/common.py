@@ -9,7 +9,7 @@ import copy
 import hashlib
 from typing import Any, Optional
 
-from brain_trainer.contract import CHECKPOINT_REQUEST_FILE, CONFIG_FILE, METRICS_PATH, METRICS_PORT
+from brain_trainer.contract import CHECKPOINT_REQUEST_FILE, CONFIG_FILE, METRICS_PATH, METRICS_PORT, PROFILE_REQUEST_FILE
 
 from ...sizing.grace import termination_grace_seconds
 from ...objects.names import CONFIG_HASH_ANNOTATION, JOB_NAME_LABEL, MANAGED_BY, config_map_name, label_selector
@@ -101,11 +101,14 @@ def build_config_map(job: Job) -> dict[str, Any]:
     """`<name>-config` holding trainer.yaml: the spec's trainer sections plus what the operator derives.
 
     With the job's checkpoint-now annotation, also CHECKPOINT_REQUEST_FILE: the kubelet updates it in
-    the mounted volume, and a new value makes the workers commit a checkpoint (docs/operator.md).
+    the mounted volume, and a new value makes the workers commit a checkpoint (docs/operator.md). With its
+    profile-now annotation, PROFILE_REQUEST_FILE the same way: a new value makes them profile some steps.
     """
     data = {CONFIG_FILE: config_text(job)}
     if job.checkpoint_request:
         data[CHECKPOINT_REQUEST_FILE] = job.checkpoint_request
+    if job.profile_request:
+        data[PROFILE_REQUEST_FILE] = job.profile_request
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
