@@ -241,29 +241,22 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return run(args, prog="braintrain prepare")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="braintrain",
-        description="Kubernetes-native distributed PyTorch training: one BrainTrainingJob, on a laptop or a cluster.",
+Command = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
+
+
+def _manifest_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, metavar="FILE", help="a BrainTrainingJob manifest (YAML)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="PATH=VALUE",
+        help="set a field under spec as if the file said so (repeatable): training.steps=10, "
+        "checkpoint.intervalSteps=5, scheduling.tolerations[0].key=gpu; VALUE is YAML, as in the manifest",
     )
-    parser.add_argument("--version", action="version", version=f"braintrain {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
-        p.set_defaults(handler=handler)
-        return p
 
-    def manifest_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("file", type=Path, metavar="FILE", help="a BrainTrainingJob manifest (YAML)")
-        p.add_argument(
-            "--set", action="append", default=[], metavar="PATH=VALUE",
-            help="set a field under spec as if the file said so (repeatable): training.steps=10, "
-            "checkpoint.intervalSteps=5, scheduling.tolerations[0].key=gpu; VALUE is YAML, as in the manifest",
-        )
-
+def _local_run_commands(command: Command) -> None:
+    """run, and what a running local job is asked: checkpoint, profile."""
     p = command("run", cmd_run, "train the job locally: one torchrun agent per worker pod, on this machine")
-    manifest_arg(p)
+    _manifest_arg(p)
     p.add_argument(
         "--workdir", type=Path, metavar="DIR", help="config, scratch and progress folders (default: ./runs/<job-name>)"
     )
@@ -282,6 +275,45 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("workdir", type=Path, metavar="WORKDIR", help="the run's work directory (default of run: ./runs/<job-name>)")
     p.add_argument("--steps", type=int, default=3, metavar="N", help="optimizer steps traced (default: 3)")
 
+
+def _manifest_commands(command: Command) -> None:
+    """What a manifest says without running it: render, validate, estimate, doctor."""
+    p = command("render", cmd_render, "print the Kubernetes objects the operator creates for the job")
+    _manifest_arg(p)
+    p.add_argument("--backend", choices=JOB_BACKENDS, help="override spec.backend")
+
+    p = command("validate", cmd_validate, "check the manifest; exit 1 with one line per invalid field")
+    _manifest_arg(p)
+    p.add_argument("--local", action="store_true", help="as `braintrain run` reads it: no image needed")
+
+    p = command("estimate", cmd_estimate, "per-rank memory of the job and the strategy the planner picks")
+    _manifest_arg(p)
+    p.add_argument(
+        "--device-memory", type=float, metavar="GIB", help="memory per device in GiB (default: 80)"
+    )
+
+    p = command("doctor", cmd_doctor, "on this machine: the variables torchrun and NCCL read, the backend, the devices "
+                "and the job's preflight (one timed all-reduce and a barrier)")
+    _manifest_arg(p)
+
+
+def _model_commands(command: Command) -> None:
+    """Data and models around a run: prepare, export, generate, eval."""
+    p = command("prepare", cmd_prepare, "turn a corpus into a token dataset folder for data.source tokens")
+    add_prepare_arguments(p)
+
+    p = command("export", cmd_export, "write a checkpoint's model as Hugging Face transformers loads it (safetensors, config, code, tokenizer)")
+    add_export_arguments(p)
+
+    p = command("generate", cmd_generate, "continue text with a trained model (a checkpoint or an export), streamed")
+    add_generate_arguments(p)
+
+    p = command("eval", cmd_eval, "loss and perplexity of a checkpoint on a prepared dataset's validation split")
+    add_eval_arguments(p)
+
+
+def _cluster_commands(command: Command) -> None:
+    """A job in the current cluster: logs, status."""
     p = command("logs", cmd_logs, "print every worker pod's log of a job in the current cluster, each line prefixed "
                 "with its pod and node rank")
     p.add_argument("job", metavar="JOB", help="the BrainTrainingJob's name")
@@ -295,36 +327,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("job", metavar="JOB", help="the BrainTrainingJob's name")
     p.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
 
-    p = command("render", cmd_render, "print the Kubernetes objects the operator creates for the job")
-    manifest_arg(p)
-    p.add_argument("--backend", choices=JOB_BACKENDS, help="override spec.backend")
 
-    p = command("validate", cmd_validate, "check the manifest; exit 1 with one line per invalid field")
-    manifest_arg(p)
-    p.add_argument("--local", action="store_true", help="as `braintrain run` reads it: no image needed")
 
-    p = command("estimate", cmd_estimate, "per-rank memory of the job and the strategy the planner picks")
-    manifest_arg(p)
-    p.add_argument(
-        "--device-memory", type=float, metavar="GIB", help="memory per device in GiB (default: 80)"
-    )
-
-    p = command("doctor", cmd_doctor, "on this machine: the variables torchrun and NCCL read, the backend, the devices "
-                "and the job's preflight (one timed all-reduce and a barrier)")
-    manifest_arg(p)
-
-    p = command("prepare", cmd_prepare, "turn a corpus into a token dataset folder for data.source tokens")
-    add_prepare_arguments(p)
-
-    p = command("export", cmd_export, "write a checkpoint's model as Hugging Face transformers loads it (safetensors, config, code, tokenizer)")
-    add_export_arguments(p)
-
-    p = command("generate", cmd_generate, "continue text with a trained model (a checkpoint or an export), streamed")
-    add_generate_arguments(p)
-
-    p = command("eval", cmd_eval, "loss and perplexity of a checkpoint on a prepared dataset's validation split")
-    add_eval_arguments(p)
-
+def _operator_command(command: Command) -> None:
     p = command("operator", cmd_operator, "run the BrainTrainingJob operator (kopf) against the current cluster")
     p.add_argument("--namespace", action="append", metavar="NS", help="watch this namespace (repeatable)")
     p.add_argument("--all-namespaces", action="store_true", help="watch every namespace")
@@ -335,6 +340,23 @@ def _parser() -> argparse.ArgumentParser:
         help="text: timestamped lines, [namespace/name] first; json: one object per line, the job in 'object'",
     )
     p.add_argument("--verbose", action="store_true", help="log at DEBUG instead of INFO")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="braintrain",
+        description="Kubernetes-native distributed PyTorch training: one BrainTrainingJob, on a laptop or a cluster.",
+    )
+    parser.add_argument("--version", action="version", version=f"braintrain {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    for add in (_local_run_commands, _cluster_commands, _manifest_commands, _model_commands, _operator_command):
+        add(command)
     return parser
 
 
