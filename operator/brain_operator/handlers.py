@@ -51,6 +51,7 @@ import kopf
 from brain_trainer.contract import METRICS_PORT, PROGRESS_PATH
 
 from . import __version__
+from .backends.deleted import deletion_deletes, deletion_events
 from .backends.orphans import ended_groups
 from .cluster.backoff import Backoff, JobRetries
 from .cluster.children import WATCH_SELECTOR, WATCHED, observed_child
@@ -64,7 +65,7 @@ from .metrics import OperatorMetrics
 from .objects.names import CHECKPOINT_NOW_ANNOTATION, JOB_NAME_LABEL
 from .objects.pods import RUNNING as POD_RUNNING
 from .status.progress import POLL_SECONDS
-from .reconcile import POD, Observed, deletion_deletes, deletion_events, progress_pods, reconcile
+from .reconcile import POD, Observed, progress_pods, reconcile
 from .spec import GROUP, PLURAL, VERSION, OperatorDefaults
 
 log = logging.getLogger(__name__)

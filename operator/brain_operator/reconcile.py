@@ -47,12 +47,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from brain_trainer.schema import ConfigError
 
-from .backends import Plan, Seen, checkpoint_claim_name, kueue, plan_backend, render
+from .backends import Plan, Seen, kueue, plan_backend, render
 from .backends.kueue_integration import HOLD, ignored_by_kueue, still_ignored
 from .backends.kueue_integration import message as ignored_message
 from .backends.orphans import ended_groups
+from .backends.refusals import (OVERLAID, field_errors, held_by_policy, internal_error, plan_invalid, plan_refused,
+                                plan_unavailable, valid_message)
 from .backends.regroup import old_group_stays
-from .backends.writes import POD, PYTORCHJOB, kind_of
+from .backends.writes import POD, kind_of
 from .cluster.client import ClusterClient, Conflict, Refused, controller_uid
 from .cluster.discovery import ServedApis, missing
 from .cluster.expectations import Expectations
@@ -60,20 +62,15 @@ from .logs import job_logger
 from .objects.refs import ObjectRef
 from .sizing.storage import StorageTooSmall, check_storage, unchecked_claim_event
 from .sizing.vocabulary import assumed
-from .spec import Job, OperatorDefaults, OverlayRefused, parse_job
-from .spec.model import RETAIN
-from .status.compute import (BACKEND_UNAVAILABLE, CHECKPOINT_STORAGE_TOO_SMALL, INTERNAL_ERROR, INVALID_SPEC,
-                             carried_refusal, invalid_status, is_terminal, overlay_refused_status, refused_status)
-from .status.events import (NORMAL, WARNING, Event, compute_events, in_pod_restart_event, overlay_refusal_event,
-                            refusal_event)
-from .status.job_status import VALID, JobStatus, read_status
+from .spec import Job, OperatorDefaults, OverlayRefused, job_or_none, parse_job
+from .status.compute import CHECKPOINT_STORAGE_TOO_SMALL, INTERNAL_ERROR, carried_refusal
+from .status.events import in_pod_restart_event
+from .status.job_status import JobStatus
 from .status.on_demand import answered_events, request_events
 from .status.progress import progress_status, reports_progress
 from .status.stalled import stalled_status
 from .status.waiting import earlier_job
 
-# The children that carry the pod overlay: none is created while the policy refuses the overlay.
-OVERLAID = (POD, PYTORCHJOB)
 # Plans made again after a Conflict on create, each from children listed afresh.
 CONFLICT_REPLANS = 3
 
@@ -149,12 +146,12 @@ def _reconcile_once(
             unavailable = missing(job, apis)
         desired = [] if unavailable else render(job)
     except StorageTooSmall as err:
-        the_plan = plan_invalid(manifest, _errors(err), now, CHECKPOINT_STORAGE_TOO_SMALL)
+        the_plan = plan_invalid(manifest, field_errors(err), now, CHECKPOINT_STORAGE_TOO_SMALL)
     except ConfigError as err:
-        the_plan = plan_invalid(manifest, _errors(err), now)
+        the_plan = plan_invalid(manifest, field_errors(err), now)
     except Exception as err:  # noqa: BLE001 - a bug of ours on this spec: every retry would fail the same way
         the_plan = plan_invalid(manifest, internal_error(err), now, INTERNAL_ERROR)
-        if _valid_message(previous) != _valid_message(the_plan.status.to_dict()):
+        if valid_message(previous) != valid_message(the_plan.status.to_dict()):
             # The traceback once, when the job is marked; the condition says it from then on.
             meta = manifest.get("metadata") or {}
             job_logger(log, meta.get("namespace", ""), meta.get("name", "")).exception("parsing or rendering failed")
@@ -166,7 +163,7 @@ def _reconcile_once(
             return apply(plan_unavailable(manifest, ignored_message(job.spec.scheduling.queue_name), now), client,
                          manifest)["status"]
         if refusal is not None and not any(kind_of(child) in OVERLAID for child in ours):
-            the_plan = plan_invalid(manifest, _errors(refusal), now)  # nothing runs the overlay: an invalid spec
+            the_plan = plan_invalid(manifest, field_errors(refusal), now)  # nothing runs the overlay: an invalid spec
         else:
             the_plan = plan(job, desired, ours, previous, now, progress, leftovers=leftovers)
             if refusal is not None:
@@ -261,63 +258,6 @@ def owned(job: Job, children: Sequence[Mapping[str, Any]]) -> tuple[list, list]:
     return ours, leftovers
 
 
-def plan_unavailable(manifest: Mapping[str, Any], message: str, now: datetime) -> Plan:
-    """A job the cluster cannot run as asked (discovery.missing): Failed, Valid=False BackendUnavailable, nothing
-    created, and a Warning saying what to install or set, once per message; it starts once the API is there."""
-    the_plan = plan_invalid(manifest, message, now, BACKEND_UNAVAILABLE)
-    if _valid_message(manifest.get("status") or {}) == message:
-        return the_plan
-    return replace(the_plan, events=(Event(WARNING, BACKEND_UNAVAILABLE, message), *the_plan.events))
-
-
-def held_by_policy(the_plan: Plan, refusal: OverlayRefused, before: JobStatus, now: datetime) -> Plan:
-    """The plan of a job whose running pods' overlay the policy no longer allows: it creates no pod (nor
-    PyTorchJob), its status says Valid=False naming each field and setting, with a Warning once per message.
-
-    The pods that run are left alone, as Pod Security Admission leaves running pods when a namespace's level
-    is raised; a finished job's status stays as it was.
-    """
-    creates = tuple(obj for obj in the_plan.creates if kind_of(obj) not in OVERLAID)
-    if is_terminal(the_plan.status):
-        return replace(the_plan, creates=creates)
-    message = f"{_errors(refusal)} (running pods are left alone; none is created until the policy or the overlay changes)"
-    status = overlay_refused_status(the_plan.status, before, message, now)
-    event = overlay_refusal_event(before, status)
-    return replace(the_plan, status=status, creates=creates, events=(*the_plan.events, *([event] if event else [])))
-
-
-def plan_refused(status: JobStatus, err: Refused, now: datetime) -> Plan:
-    """A create the API server refused: CreateRefused=True and `reason` FailedCreate with its message, and a
-    Warning FailedCreate event when the message is new."""
-    refused = refused_status(status, err.message, now)
-    event = refusal_event(status, refused)
-    return Plan(status=refused, events=(event,) if event else ())
-
-
-def internal_error(err: Exception) -> str:
-    """What Valid=False says of an exception the operator raised on a job: its type and first line."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else 'no message'}"
-
-
-def _errors(err: ConfigError) -> str:
-    return "; ".join(str(e) for e in err.errors)
-
-
-def _job_of(manifest: Mapping[str, Any], defaults: Optional[OperatorDefaults]) -> Optional[Job]:
-    """The job, also one whose overlay only the policy refuses (its pods may run); None for an invalid spec."""
-    try:
-        return parse_job(manifest, defaults=defaults)
-    except OverlayRefused as err:
-        return err.job
-    except ConfigError:
-        return None
-
-
-def _valid_message(status: Mapping[str, Any]) -> Optional[str]:
-    return next((c.get("message") for c in status.get("conditions") or () if c.get("type") == VALID), None)
-
-
 def progress_pods(
     manifest: Mapping[str, Any], client: ClusterClient, defaults: Optional[OperatorDefaults] = None,
     observed: Optional[Observed] = None,
@@ -326,7 +266,7 @@ def progress_pods(
 
     The handlers ask them before the pass, outside the job's lock; the plan takes the answer if the job still runs.
     """
-    job = _job_of(manifest, defaults)
+    job = job_or_none(manifest, defaults)
     if job is None:
         return []
     if not reports_progress(job.spec.backend, (manifest.get("status") or {}).get("phase")):
@@ -382,41 +322,6 @@ def watched_kinds(job: Job, desired: Sequence[Mapping[str, Any]]) -> list[tuple[
     """The kinds of child to list: what the renderer makes, and pods (ours, or Kubeflow's for a PyTorchJob: why they
     wait) even when none is wanted."""
     return sorted({(obj["apiVersion"], obj["kind"]) for obj in desired} | {POD})
-
-
-def deletion_events(manifest: Mapping[str, Any], defaults: Optional[OperatorDefaults] = None) -> list[Event]:
-    """Events for a deleted job: the checkpoint claim that outlives it, and how to resume from it or free it."""
-    job = _job_of(manifest, defaults)
-    if job is None:
-        return []  # an invalid job made no claim
-    claim, ckpt = checkpoint_claim_name(job), job.spec.checkpoint
-    if claim is None or (ckpt.claim_name is None and ckpt.reclaim_policy != RETAIN):
-        return []
-    how = (
-        f"a new job named {job.name} resumes from its newest checkpoint (so does any job naming it in "
-        f"spec.checkpoint.claimName); kubectl delete pvc {claim} -n {job.namespace} frees it"
-    )
-    return [Event(NORMAL, "CheckpointClaimKept", f"checkpoint claim {claim} is kept after the job: {how}")]
-
-
-def deletion_deletes(manifest: Mapping[str, Any], defaults: Optional[OperatorDefaults] = None) -> list[ObjectRef]:
-    """What to delete for a deleted job: a queued elastic job's Kueue Workload. The garbage collector deletes its
-    pods, but Kueue's finalizer would keep them, and the group's quota, for good; a deleted Workload makes Kueue
-    stop and finalize every pod of the group (pod_controller.go Stop, StopReasonWorkloadDeleted)."""
-    job = _job_of(manifest, defaults)
-    if job is None or job.spec.backend != "elastic" or not job.spec.scheduling.queue_name:
-        return []
-    return [kueue.group_workload(job)]
-
-
-def plan_invalid(manifest: Mapping[str, Any], message: str, now: datetime, reason: str = INVALID_SPEC) -> Plan:
-    """A spec the operator cannot run: no child is touched; the status says why (Valid=False with `reason` and
-    `message`, every bad field for an invalid spec)."""
-    before = read_status(manifest)
-    generation = (manifest.get("metadata") or {}).get("generation")
-    generation = generation if isinstance(generation, int) else 0
-    status = invalid_status(before, generation, message, now, reason)
-    return Plan(status=status, events=tuple(compute_events(before, status, [])))
 
 
 def plan(

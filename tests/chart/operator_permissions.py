@@ -45,7 +45,7 @@ NAMESPACED: Grants = {
     ("scheduling.volcano.sh", "podgroups"): frozenset({"get", "list", "watch", "create"}),
     # ClusterClient.list_objects: Kueue's Workload of a job it holds back, for its reason; patch: a queued
     # PyTorchJob's suspend and resume (backends/kueue.py activation, spec.active); delete: a pod group ended on
-    # suspend, resize or the job's deletion (backends/kueue.py group_workload; reconcile.deletion_deletes).
+    # suspend, resize or the job's deletion (backends/kueue.py group_workload; backends/deleted.py).
     ("kueue.x-k8s.io", "workloads"): frozenset({"list", "patch", "delete"}),
     # kopf's handler events and ours (phase transitions, worker failures): posted only.
     # Core v1 events: kopf posts through the "v1" events resource.

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from test_reconcile import NS, T0, condition, manifest, step
 
 from brain_operator import handlers
-from brain_operator.reconcile import deletion_events
+from brain_operator.backends.deleted import deletion_events
 from brain_operator.objects.schedulers import ADMISSION_GATE, POD_GROUP_COUNT_ANNOTATION, POD_GROUP_LABEL
 from brain_operator.spec import KIND, OperatorDefaults
 

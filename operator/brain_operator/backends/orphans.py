@@ -4,7 +4,7 @@ A queued elastic job's pods carry Kueue's finalizer, which Kueue takes off
 only when their group finishes or its Workload is deleted (kueue
 pkg/controller/jobs/pod/pod_controller.go, Finished and Stop with
 StopReasonWorkloadDeleted). The operator deletes the Workload when it sees
-the job's DELETED event (reconcile.deletion_deletes); an operator that was
+the job's DELETED event (backends/deleted.py); an operator that was
 down, restarting or upgrading then, or whose watch lost the event in a
 relist gap, never sees it: the garbage collector deletes the pods, the
 finalizer keeps them, and the Workload stays admitted, holding the quota for

@@ -36,7 +36,7 @@ from .derive import (
 from .environment import RESERVED_ENV_KEYS, RESERVED_ENV_PREFIXES, reserved_env_key
 from .model import JOB_BACKENDS, CheckpointSpec, Job, JobSpec
 from .overlay_policy import OverlayPolicy, OverlayRefused
-from .parse import parse_job
+from .parse import job_or_none, parse_job
 from ..objects.resource import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "effective_batch_size",
     "is_elastic",
     "node_range",
+    "job_or_none",
     "parse_job",
     "reserved_env_key",
     "resolved_backend",

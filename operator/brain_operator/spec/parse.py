@@ -66,6 +66,16 @@ def parse_job(manifest: Any, *, require_image: bool = True, defaults: Optional[O
     return job
 
 
+def job_or_none(manifest: Mapping[str, Any], defaults: Optional[OperatorDefaults] = None) -> Optional[Job]:
+    """The job, also one whose overlay only the policy refuses (its pods may run); None for an invalid spec."""
+    try:
+        return parse_job(manifest, defaults=defaults)
+    except OverlayRefused as err:
+        return err.job
+    except ConfigError:
+        return None
+
+
 def _created(metadata: Any) -> Optional[str]:
     """metadata.creationTimestamp when it is one (the API server always writes it; a local manifest has none)."""
     created = metadata.get("creationTimestamp") if isinstance(metadata, Mapping) else None
