@@ -112,7 +112,7 @@ def test_layers_stay_small():
 
 
 def test_entrypoints_are_exec_form_and_the_pods_run_the_trainers():
-    from brain_operator.render.workers import COMMAND
+    from brain_operator.backends.shared.workers import COMMAND
 
     # tini as PID 1 starting torchrun's quiet agent: the pods name the same command (a pod's command replaces it).
     assert json.loads(STAGES["trainer"].all("ENTRYPOINT")[-1]) == list(COMMAND) == [
