@@ -27,7 +27,7 @@ RUN --mount=type=bind,source=requirements/build.lock,target=/tmp/build.lock \
     && /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels .
 
 # ---- trainer: tini (PID 1: reaps orphans, forwards SIGTERM) starting torchrun's quiet agent, which starts
-# brain_trainer; the operator's pods run the same command (render/workers.py COMMAND).
+# brain_trainer; the operator's pods run the same command (operator/brain_operator/backends/shared/workers.py COMMAND).
 FROM ${PYTHON_IMAGE} AS trainer
 # torch's build: requirements/trainer-${TORCH_FLAVOUR}-${TARGETARCH}.lock pins it with the rest; the cpu flavour's
 # x86_64 torch is on PyTorch's CPU index (or a mirror), cu130's on PyPI. TARGETARCH: set by the builder.

@@ -68,7 +68,7 @@ def still_open(incident: Optional[Incident], step: Optional[int], now: Optional[
     """The incident while the group has not trained past it: rank 0's `step` (None: no report yet) has not passed
     the step it was charged at (None: it had none then, so any report is past it), and, with rank 0 silent, no
     longer than `window` seconds after it began (`since`): its consequences come within the rendezvous' join
-    timeout, which the operator renders from watchdog.startupSeconds (render/workers.rendezvous_timeouts), so a
+    timeout, which the operator renders from watchdog.startupSeconds (backends/shared/workers.rendezvous_timeouts), so a
     later exit of a pod of the group it broke is that pod's own failure."""
     if incident is None:
         return None
