@@ -59,6 +59,14 @@ def test_no_module_of_brain_operator_imports_torch():
     assert culprit == "-", f"importing {culprit} loaded torch"
 
 
+def test_the_cli_and_the_operators_pure_rooms_do_not_load_the_kubernetes_package():
+    # Only cluster/client.py talks to the API server; every braintrain command would pay for its import.
+    done = run("import sys, brain_operator.cli, brain_operator.reconcile, brain_operator.backends; "
+               "print('kubernetes' in sys.modules)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_torch_imports_from_the_repo_root():
     assert not (ROOT / "operator" / "__init__.py").exists(), "operator/ must not be a package: it shadows the stdlib"
     done = run("import torch, operator; print(operator.__file__)")

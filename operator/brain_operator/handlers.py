@@ -55,7 +55,8 @@ from .backends.deleted import deletion_deletes, deletion_events
 from .backends.orphans import ended_groups
 from .cluster.backoff import Backoff, JobRetries
 from .cluster.children import WATCH_SELECTOR, WATCHED, observed_child
-from .cluster.client import ClusterClient, KubernetesClient, Refused
+from .cluster.api import ClusterClient, Refused
+from .cluster.client import KubernetesClient
 from .cluster.discovery import ServedApis
 from .cluster.expectations import Expectations
 from .cluster.ghosts import RELIST_SECONDS, ghosts

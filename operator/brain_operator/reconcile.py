@@ -55,7 +55,7 @@ from .backends.refusals import (OVERLAID, field_errors, held_by_policy, internal
                                 plan_unavailable, valid_message)
 from .backends.regroup import old_group_stays
 from .backends.writes import POD, kind_of
-from .cluster.client import ClusterClient, Conflict, Refused, controller_uid
+from .cluster.api import ClusterClient, Conflict, Refused, controller_uid
 from .cluster.discovery import ServedApis, missing
 from .cluster.expectations import Expectations
 from .logs import job_logger

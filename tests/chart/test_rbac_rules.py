@@ -7,7 +7,7 @@ import kopf
 import pytest
 import yaml
 from brain_operator.cluster.children import WATCHED
-from brain_operator.cluster.client import ClusterClient
+from brain_operator.cluster.api import ClusterClient
 from brain_operator.backends import render
 from brain_operator.objects.schedulers import GANG_MODES
 from brain_operator.spec import OperatorDefaults, parse_job

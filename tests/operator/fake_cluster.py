@@ -35,7 +35,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, Optional
 
 from brain_operator.cluster.children import WATCHED_KINDS, observed_child
-from brain_operator.cluster.client import Conflict, Refused, already_exists
+from brain_operator.cluster.api import Conflict, Refused, already_exists
 from brain_operator.objects.refs import ObjectRef
 from brain_operator.cluster.discovery import OPTIONAL, ServedApis
 from brain_operator.status.events import Event

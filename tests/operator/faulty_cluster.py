@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from brain_operator.cluster.client import ApiUnavailable
+from brain_operator.cluster.api import ApiUnavailable
 
 
 @dataclass

@@ -16,7 +16,7 @@ from fake_cluster import FakeCluster, Watch
 from faulty_cluster import FaultyCluster
 from test_reconcile import NS, T0, condition, manifest, step
 
-from brain_operator.cluster.client import ApiUnavailable, Conflict
+from brain_operator.cluster.api import ApiUnavailable, Conflict
 from brain_operator.objects.refs import ObjectRef
 from brain_operator.cluster.expectations import EXPECTATIONS_TIMEOUT, Expectations
 from brain_operator.objects.names import POD_NAME_MAX, worker_pod_name

@@ -13,7 +13,7 @@ from fake_cluster import POD_FRAMEWORK, PYTORCHJOB_FRAMEWORK, FakeCluster, Watch
 from test_kueue import admitted, finalized, queued_job
 from test_reconcile import NS, T0, manifest, step
 
-from brain_operator.cluster.client import Conflict
+from brain_operator.cluster.api import Conflict
 from brain_operator.objects.refs import ObjectRef
 from brain_operator.objects.schedulers import ADMISSION_GATE, RETRIABLE_IN_GROUP_ANNOTATION, WORKLOAD
 from brain_operator.spec import API_VERSION, KIND

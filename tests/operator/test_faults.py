@@ -17,7 +17,7 @@ from fake_cluster import FakeCluster
 from faulty_cluster import FaultyCluster
 
 from brain_operator import handlers
-from brain_operator.cluster.client import Conflict
+from brain_operator.cluster.api import Conflict
 from brain_operator.spec import API_VERSION, KIND, OperatorDefaults
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)

@@ -17,7 +17,7 @@ from test_handlers import context
 from test_reconcile import NS, manifest, step
 
 from brain_operator import handlers
-from brain_operator.cluster.client import Conflict
+from brain_operator.cluster.api import Conflict
 from brain_operator.objects.schedulers import (ADMISSION_GATE, KUEUE_POD_FINALIZER, POD_GROUP_COUNT_ANNOTATION,
                                        RETRIABLE_IN_GROUP_ANNOTATION)
 from brain_operator.spec import KIND

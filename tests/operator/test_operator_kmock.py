@@ -24,7 +24,8 @@ from fake_cluster import forbidden, invalid
 from test_handlers import NS, VERBS, Emulator, first_event, manifest, pod_named, serve_resources
 
 from brain_operator import handlers
-from brain_operator.cluster.client import CALL_DEADLINE_SECONDS, ApiUnavailable, Conflict, KubernetesClient, Refused
+from brain_operator.cluster.api import ApiUnavailable, Conflict, Refused
+from brain_operator.cluster.client import CALL_DEADLINE_SECONDS, KubernetesClient
 from brain_operator.objects.refs import ObjectRef
 from brain_operator.objects.names import JOB_NAME_LABEL
 from brain_operator.spec import API_VERSION, PLURAL, OperatorDefaults

@@ -11,7 +11,7 @@ from test_reconcile import NS, T0
 from test_reconcile import manifest as reconcile_manifest
 
 from brain_operator.cluster.children import WATCHED_KINDS, observed_child
-from brain_operator.cluster.client import controller_uid
+from brain_operator.cluster.api import controller_uid
 from brain_operator.reconcile import plan, reconcile, watched_kinds
 from brain_operator.backends import render
 from brain_operator.spec import parse_job

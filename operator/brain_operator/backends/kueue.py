@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ..cluster.client import ClusterClient
+from ..cluster.api import ClusterClient
 from ..objects.names import SUSPEND_ANNOTATION
 from ..objects.pods import PodView, pod_view
 from ..objects.refs import ObjectRef

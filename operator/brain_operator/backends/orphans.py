@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional
 
-from ..cluster.client import controller_uid
+from ..cluster.api import controller_uid
 from ..objects.refs import ObjectRef
 from ..objects.schedulers import KUEUE_POD_FINALIZER, POD_GROUP_LABEL, WORKLOAD
 

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional
 
 from brain_trainer.schema import ConfigError
 
-from ..cluster.client import Refused
+from ..cluster.api import Refused
 from ..spec import OverlayRefused
 from ..status.compute import (BACKEND_UNAVAILABLE, INVALID_SPEC, invalid_status, is_terminal, overlay_refused_status,
                               refused_status)
