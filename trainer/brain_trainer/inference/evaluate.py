@@ -26,7 +26,7 @@ from ..config import TrainerConfig
 from ..data.errors import DataError
 from ..data.tokens.dataset import TokenDataset
 from ..data.tokens.source import follow_vocabulary
-from ..loop.evaluation import EvalResult, Evaluator
+from ..loop.evaluation import EvalResult, held_out
 from ..loop.wrap import build_and_wrap
 from ..parallel.ddp import ensure_process_group, use_local_device
 from ..parallel.launcher import DistributedLauncher
@@ -92,11 +92,8 @@ def _evaluate_rank(job: tuple[TrainerConfig, TokenDataset]) -> EvalResult:
             cleanup.callback(dist.destroy_process_group)
         layout = RunLayout.resolved(cfg, ranks, device)
         wrapper, model, _ = build_and_wrap(cfg, layout)
-        # as the loop builds it (loop/assemble.py), over every window: the split's windows in micro-batches
-        evaluator = Evaluator(
-            dataset, cfg.training.micro_batch_size, len(dataset), layout.dp_rank, layout.layout.dp, device,
-            wrapper.steps.autocast, counts=layout.layout.tp_rank(ranks.rank) == 0 and wrapper.holds_last,
-            micro_batches=wrapper.micro_batches_per_pass)
+        # as the loop's (loop/assemble.py), over every window of the split
+        evaluator = held_out(dataset, cfg.training.micro_batch_size, len(dataset), layout, wrapper)
         return evaluator(model, forward=wrapper.logits)
 
 

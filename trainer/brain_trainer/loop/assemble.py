@@ -34,7 +34,7 @@ from ..resilience.preemption import Preemption
 from ..resilience.watchdog import Watchdog
 from ..version import __version__
 from .accumulation import GradientAccumulator
-from .evaluation import Evaluator
+from .evaluation import Evaluator, held_out
 from .loss import loss_fn
 from .optimizer import adamw, whole_model
 from .schedule import WarmupCosine, follow_config, peak_learning_rate
@@ -133,15 +133,13 @@ def _data(run: Run, layout: RunLayout, wrapper: ProcessGroupUser,
     training, rank, parallel = run.config.training, layout.rank, layout.layout
     # Batches are dealt by data-parallel rank: the tp ranks of a group and the stages of a pipeline read the same
     # ones, logged once (by the first stage's first tp rank) and counted once in evaluation (by the last stage's).
-    first_tp = parallel.tp_rank(rank) == 0
-    reads_first = first_tp and parallel.pp_rank(rank) == 0
+    reads_first = parallel.tp_rank(rank) == 0 and parallel.pp_rank(rank) == 0
     sample_log = SampleLog.from_env(rank) if reads_first else SampleLog(None, rank)
     loader = RankAwareDataLoader(sample_log.wrap(run.dataset), layout.distributed,
                                  micro_batch_size=training.micro_batch_size, rank=layout.dp_rank, world_size=parallel.dp,
                                  seed=training.seed, start_index=sample_index, num_workers=run.config.data.num_workers)
-    evaluator = None if run.held_out is None else Evaluator(
-        run.held_out, training.micro_batch_size, training.eval_steps, layout.dp_rank, parallel.dp, layout.device,
-        wrapper.steps.autocast, counts=first_tp and wrapper.holds_last, micro_batches=wrapper.micro_batches_per_pass)
+    evaluator = None if run.held_out is None else held_out(run.held_out, training.micro_batch_size,
+                                                           training.eval_steps, layout, wrapper)
     return iter(loader), evaluator, sample_log
 
 

@@ -31,6 +31,8 @@ from torch.utils.data import Dataset
 
 from ..config import TrainingConfig
 from ..contract import perplexity
+from ..parallel.ddp import ProcessGroupUser
+from ..parallel.run_layout import RunLayout
 
 
 @dataclass(frozen=True)
@@ -114,3 +116,12 @@ class Evaluator:
         model.train(was_training)
         loss_sum, tokens = totals.tolist()
         return EvalResult(loss=loss_sum / tokens, tokens=int(tokens))
+
+
+def held_out(dataset: Dataset, micro_batch_size: int, eval_steps: int, layout: RunLayout,
+             wrapper: ProcessGroupUser) -> Evaluator:
+    """The evaluation at this rank's place in the run's layout: windows dealt by data-parallel rank, each counted
+    once (by the last stage's first tp rank), computed as the wrapper trains (its autocast, its micro-batches)."""
+    counts = layout.layout.tp_rank(layout.rank) == 0 and wrapper.holds_last
+    return Evaluator(dataset, micro_batch_size, eval_steps, layout.dp_rank, layout.layout.dp, layout.device,
+                     wrapper.steps.autocast, counts=counts, micro_batches=wrapper.micro_batches_per_pass)
