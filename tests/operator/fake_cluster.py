@@ -369,13 +369,17 @@ class FakeCluster:
         ref = ObjectRef(API_VERSION, KIND, namespace, name)
         job = self.objects[ref]
         if resource_version is not None and job["metadata"].get("resourceVersion") != resource_version:
-            self.writes.append(("conflict", ref))
-            raise Conflict(f"patch {ref} status: the object has been modified; please apply your changes to the "
-                           "latest version and try again")
+            raise self._stale_status(ref)
         job["status"] = merge_patch(job.get("status") or {}, patch)
         self._stamp(job)
         self.writes.append(("patch_status", ref))
         return job["metadata"]["resourceVersion"]
+
+    def _stale_status(self, ref: ObjectRef) -> Conflict:
+        """The 409 of a status write planned from an older resourceVersion, recorded as a write that conflicted."""
+        self.writes.append(("conflict", ref))
+        return Conflict(f"patch {ref} status: the object has been modified; please apply your changes to the "
+                        "latest version and try again")
 
     def patch_pod_status(self, ref: ObjectRef, status: Mapping[str, Any], resource_version: str) -> None:
         """A merge patch of a pod's status subresource (pods/status), as PodGC writes a lost pod Failed: only the
@@ -386,9 +390,7 @@ class FakeCluster:
         if pod is None:
             return
         if pod["metadata"].get("resourceVersion") != resource_version:
-            self.writes.append(("conflict", ref))
-            raise Conflict(f"patch {ref} status: the object has been modified; please apply your changes to the "
-                           "latest version and try again")
+            raise self._stale_status(ref)
         pod["status"] = merge_patch(pod.get("status") or {}, status)
         self._stamp(pod)
         self.writes.append(("patch_pod_status", ref))
