@@ -283,8 +283,7 @@ class CheckpointManager:
             if state.step != self._saved_step:
                 self._save(state, blocking=True)
             _barrier(self.group)  # rank 0 has committed before any rank returns
-        self._lease.release()  # a job re-created now takes the folder over at once
-        self.close()
+        self.close()  # releases the lease: a job re-created now takes the folder over at once
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is written and committed; re-raise its error."""
@@ -294,15 +293,17 @@ class CheckpointManager:
                 pending.result()
 
     def close(self, *, wait: bool = True) -> None:
-        """Release the commit thread and the staging hook (idempotent).
+        """Release the commit thread, the staging hook and the volume's lease (idempotent): the run ended, however.
 
         wait=False is for a loop that failed: a save in flight is not waited
-        for (it commits if it completes, else stays an uncommitted .tmp).
+        for (it commits if it completes and this group is not fenced by then,
+        else stays an uncommitted .tmp).
         """
         if wait:
             self.wait()
         self._executor.shutdown(wait=wait)
-        self._lease.stop()  # not released: a failed group's lease expires, unless the same job starts again
+        # A failed run too: the job that starts next takes the folder at once (a fenced group releases nothing).
+        self._lease.release()
         if self._hook is not None:
             self._hook.remove()
             if wait:  # else a save in flight may still be writing from the staged buffers
