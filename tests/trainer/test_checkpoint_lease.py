@@ -1,12 +1,14 @@
 """The checkpoint volume's lease and fencing generation (checkpoint/lease.py, docs/checkpoints.md).
 
 The decision is pure; the files are raced by two processes; fencing is two CheckpointManagers on one folder
-(an old group and the newer one); a refusal reaches every rank of a gloo group; a killed holder's lease
-expires and is taken over.
+(an old group and the newer one); a refusal reaches every rank of a gloo group; a run releases the volume
+however it ends; a killed holder's lease expires and is taken over.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import multiprocessing
 import os
@@ -19,6 +21,7 @@ import pytest
 import torch
 from harness import run_ranks
 from processes import start
+from small_runs import small_run
 from torch import nn
 
 from brain_trainer import contract
@@ -26,7 +29,9 @@ from brain_trainer.checkpoint import CheckpointManager, TrainState, store
 from brain_trainer.checkpoint import lease
 from brain_trainer.checkpoint.lease import EXPIRED, FIRST, REFUSED, RELEASED, SAME_HOLDER, Record, decide
 from brain_trainer.config import CheckpointConfig
+from brain_trainer.loop.train import train
 from brain_trainer.resilience.failures import Fatal
+from brain_trainer.schema import ConfigError
 
 A, B = "job writer-a (/runs/writer-a)", "job writer-b (/runs/writer-b)"
 DEADLINE_S = 60.0
@@ -210,6 +215,64 @@ def test_a_live_lease_of_another_job_refuses_every_rank_with_config_error(tmp_pa
     assert ranks[0]["line"] == ranks[1]["line"]
     assert ranks[0]["line"].startswith(f"checkpoint claim shared-ckpt ({tmp_path}) is in use by {A} since ")
     assert lease.generations(tmp_path) == [1] and lease.read_newest(tmp_path).holder == A
+
+
+# -- a run releases the volume however it ends --
+
+# How the first run ends: what train raises, and the checkpoint settings that make it end so.
+ENDINGS = {
+    "finishes": (None, {}),
+    "fails in a step": (RuntimeError, {}),
+    "stops on SIGTERM": (SystemExit, {}),  # the preemption checkpoint, then exit 75
+    "refuses its config after taking the lease": (ConfigError, {"resume_from": 7}),  # no step 7 committed
+}
+
+
+def _ending_in_the_second_step(monkeypatch, ending: str) -> None:
+    """The run's loss function, at its second call (step 2's forward), fails or gets SIGTERM as `ending` says."""
+    step = importlib.import_module("brain_trainer.loop.loss")  # where the step settings take the loss from
+    real, calls = step.loss_fn, []
+
+    def loss_fn(logits, targets):
+        calls.append(None)
+        if len(calls) == 2 and ending == "fails in a step":
+            raise RuntimeError("a step failed")
+        if len(calls) == 2 and ending == "stops on SIGTERM":
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler notes it; the next vote stops the run
+        return real(logits, targets)
+
+    monkeypatch.setattr(step, "loss_fn", loss_fn)
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_a_run_releases_the_volume_however_it_ends_and_another_job_takes_it_at_once(tmp_path, monkeypatch, ending):
+    raised, checkpoint = ENDINGS[ending]
+    monkeypatch.setenv(contract.TERMINATION_LOG_ENV, str(tmp_path / "termination-log"))
+    monkeypatch.setenv(contract.LEASE_HOLDER_ENV, A)
+    _ending_in_the_second_step(monkeypatch, ending)
+    root = tmp_path / "ckpt"
+    with pytest.raises(raised) if raised else contextlib.nullcontext() as ended:
+        train(small_run(root, 2, checkpoint=checkpoint))
+    if ending == "stops on SIGTERM":
+        assert ended.value.code == contract.PREEMPTED
+    first = lease.read_newest(root)
+    assert (first.holder, first.released) == (A, True)
+
+    taker = _volume_lease(root, B)  # another job's run, right after: no refusal (Fatal config-error)
+    taker.acquire(lambda refusal: refusal)
+    assert (lease.read_newest(root).holder, lease.generations(root)) == (B, [first.generation + 1])
+    taker.release()
+
+
+def test_a_fenced_group_that_fails_does_not_release_the_newer_groups_lease(tmp_path, monkeypatch):
+    old, _ = _group(tmp_path, A, monkeypatch)
+    new, _ = _group(tmp_path, A, monkeypatch)  # generation 2 fences generation 1
+    old.close(wait=False)  # the old group ends (an error: its loop's cleanup)
+    newest = lease.read_newest(tmp_path)
+    assert (newest.generation, newest.released) == (2, False)
+    with pytest.raises(Fatal, match="in use by job writer-a"):
+        _volume_lease(tmp_path, B).acquire(lambda refusal: refusal)
+    new.close()
 
 
 # -- a killed holder --

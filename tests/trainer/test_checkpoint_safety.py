@@ -4,7 +4,8 @@ Each hostile payload, once unpickled, creates a marker file; a sanity check
 shows it does. Resume, model.init_from and export then read the tampered
 checkpoint (its manifest's checksums fixed up, as an attacker who can write
 the folder would): no marker, the file and the refused global named, a
-resumed checkpoint moved aside and the previous one loaded. The training
+resumed checkpoint moved aside (by one rank, once every rank has stopped reading it, all ranks agreeing) and
+the previous one loaded. The training
 state (progress, schedule, RNG) is JSON in the shard file, and a pickle
 where it belongs is never unpickled; older checkpoints, which torch.save'd
 it, still resume.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
 import random
 from pathlib import Path
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
@@ -216,6 +219,101 @@ def test_a_refusal_on_one_rank_moves_every_rank_to_the_previous_checkpoint(tmp_p
     marker = tmp_path / "ran"
     assert run_ranks(hostile_on_rank_one, 2, str(tmp_path / "ckpt"), str(marker)) == [(2, False), (2, False)]
     assert not marker.exists() and (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
+
+
+# -- two ranks, one refusal: the move waits for every reader, and every rank goes on to the same candidate --
+
+ACTED = "test/rank 0 acted on its refusal"  # a key of the harness's store, beside the process group's
+
+
+def _peers() -> dist.TCPStore:
+    """The store the ranks met in (the harness hosts it): a place to signal between them."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+
+
+def _rank_0_signals_once_it_acts_on_a_refusal(peers: dist.TCPStore) -> None:
+    """Rank 0, once its read of a .metadata was refused: ACTED as soon as it has moved the folder, or as it waits
+    for its peers (any collective) before moving anything."""
+    read, move = shards.saved_shapes, store.quarantine
+    refused: list[Path] = []
+
+    def saved_shapes(folder: Path):
+        try:
+            return read(folder)
+        except shards.RefusedCheckpoint:
+            refused.append(folder)
+            raise
+
+    def quarantine(path: Path) -> Path:
+        moved = move(path)
+        if refused:
+            peers.set(ACTED, "moved")
+        return moved
+
+    def signalling(collective):
+        def call(*args, **kwargs):
+            if refused:
+                peers.set(ACTED, "waits for its peers")
+            return collective(*args, **kwargs)
+        return call
+
+    shards.saved_shapes, store.quarantine = saved_shapes, quarantine
+    for name in ("all_gather_object", "broadcast_object_list", "barrier"):
+        setattr(dist, name, signalling(getattr(dist, name)))
+
+
+def _rank_1_reads_once_rank_0_acted(peers: dist.TCPStore, folder: Path) -> None:
+    """Rank 1 starts reading `folder`'s .metadata only after rank 0 refused it and acted on that."""
+    read = shards.saved_shapes
+
+    def saved_shapes(path: Path):
+        if path == folder:
+            peers.wait([ACTED])
+        return read(path)
+
+    shards.saved_shapes = saved_shapes
+
+
+def refused_while_rank_1_reads(rank: int, world_size: int, root: str, marker: str) -> int | None:
+    _save(Path(root), _state(), 2, rank, world_size)
+    hostile = _save(Path(root), _state(), 4, rank, world_size)
+    if rank == 0:
+        _tamper_metadata(hostile, Path(marker))
+    dist.barrier()
+    peers = _peers()
+    if rank == 0:
+        _rank_0_signals_once_it_acts_on_a_refusal(peers)
+    else:
+        _rank_1_reads_once_rank_0_acted(peers, hostile)
+    return _manager(Path(root), rank, world_size).restore(_state())
+
+
+def test_a_refused_checkpoint_is_moved_only_after_every_rank_stopped_reading_it(tmp_path):
+    marker = tmp_path / "ran"
+    assert run_ranks(refused_while_rank_1_reads, 2, str(tmp_path / "ckpt"), str(marker)) == [2, 2]
+    assert not marker.exists()
+    assert not (tmp_path / "ckpt" / "step-00000004").exists()
+    assert (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
+
+
+def refused_by_rank_0_alone(rank: int, world_size: int, root: str) -> int | None:
+    _save(Path(root), _state(), 2, rank, world_size)
+    doubted = _save(Path(root), _state(), 4, rank, world_size)
+    if rank == 0:  # rank 0's read of step 4's .metadata is refused, rank 1's is not
+        read = shards.saved_shapes
+
+        def saved_shapes(folder: Path):
+            if folder == doubted:
+                raise shards.RefusedCheckpoint(folder / shards.METADATA_FILE, "refused by rank 0 alone")
+            return read(folder)
+
+        shards.saved_shapes = saved_shapes
+    return _manager(Path(root), rank, world_size).restore(_state())
+
+
+def test_one_ranks_refusal_is_every_ranks_verdict(tmp_path):
+    assert run_ranks(refused_by_rank_0_alone, 2, str(tmp_path / "ckpt"), timeout=60.0) == [2, 2]
+    assert (tmp_path / "ckpt" / "step-00000004.corrupt").is_dir()
 
 
 def _item_bytes(folder: Path, key: str) -> bytes:

@@ -22,8 +22,9 @@ What a starter does with the newest record (`decide`, pure):
 - none: take generation 1;
 - the same holder (`contract.LEASE_HOLDER_ENV`: the job and its uid, or its
   work directory locally): a new group of the same job, take over at once;
-- released (a clean finish, a preemption) or expired (not renewed for its
-  `ttl_s`: its holder crashed or was cut off): take over;
+- released (its holder's run ended: finished, preempted or failed) or
+  expired (not renewed for its `ttl_s`: its holder was killed or cut off):
+  take over;
 - else refuse: `config-error` naming the folder (and claim), the holder and
   since when, on every rank, before any step.
 
@@ -44,6 +45,11 @@ volume learns so between commits: it stops renewing and the loop's next step
 raises `fenced` on rank 0 (`raise_if_fenced`). The renewal time is the wall
 clock of the holder's node, compared with the reader's: keep the TTL well
 above the nodes' clock skew.
+
+Release: a run releases its lease however it ends (finished, preempted, or
+failed: CheckpointManager.close, on every exit path of the loop), unless a
+newer generation fenced it out; only a process killed outright (SIGKILL, the
+hang watchdog's exit) leaves its lease to expire.
 
 Torch-free and collective-free: the caller passes its broadcast.
 """
@@ -303,15 +309,17 @@ class VolumeLease:
         return True
 
     def release(self) -> None:
-        """Rank 0, after the final (or the preemption's) commit: a new job may take the volume at once."""
+        """Rank 0, when the run ends (its final or preemption commit, or an error): a new job may take the volume at
+        once. Idempotent; a group fenced out by a newer generation writes nothing (`_rewrite` checks first)."""
         self.stop()
-        if self.record is not None and self.fenced is None:
-            with self._lock:
-                if self._rewrite(released):
-                    log.info("checkpoint lease generation %d of %s released", self.record.generation, self.where)
+        with self._lock:
+            if self.record is None or self.record.released or self.fenced is not None:
+                return
+            if self._rewrite(released):
+                log.info("checkpoint lease generation %d of %s released", self.record.generation, self.where)
 
     def stop(self) -> None:
-        """End the renewals (a failed group's lease then expires after its TTL). Idempotent."""
+        """End the renewals. Idempotent."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             with self._lock:

@@ -14,7 +14,7 @@ import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,8 @@ from .lease import VolumeLease
 from .state import MODEL_PREFIX, TrainState, UnexpectedState
 
 log = logging.getLogger(__name__)
+
+_Read = TypeVar("_Read")  # what a rank read of a candidate checkpoint (_agreed)
 
 
 # -- collectives over a group, degrading to local values in a single process --
@@ -168,11 +170,10 @@ class CheckpointManager:
             if problems:
                 self._set_aside(candidate.path, f"is damaged ({'; '.join(problems)})")
                 continue
-            # A refusal is raised on every rank alike; the checkpoint is moved aside, so no restart loads it again.
-            try:
-                template = self._template(state, candidate)  # reads .metadata: nothing is read into place yet
-            except shards.RefusedCheckpoint as exc:
-                self._set_aside(candidate.path, f"is refused ({exc})")
+            # A refusal is every rank's verdict; the checkpoint is moved aside, so no restart loads it again.
+            template, refused = self._agreed(lambda: self._template(state, candidate))  # nothing read into place yet
+            if refused is not None:
+                self._set_aside(candidate.path, f"is refused ({refused})")
                 continue
             try:
                 self._load(state, candidate, template)
@@ -194,8 +195,20 @@ class CheckpointManager:
                      self.root, restart_count())
         return None
 
+    def _agreed(self, read: Callable[[], _Read]) -> tuple[_Read | None, shards.RefusedCheckpoint | None]:
+        """`read` a candidate on every rank, then one verdict for all (collective): what this rank read, and the
+        refusal of the lowest rank that refused, if any. The gather returns once every rank has finished or abandoned
+        its read, so the folder is moved (_set_aside) under no reader, and every rank goes on to the same candidate."""
+        try:
+            value, refused = read(), None
+        except shards.RefusedCheckpoint as exc:
+            value, refused = None, exc.args
+        found = next((problem for problem in _gather(refused, self.group) if problem is not None), None)
+        return value, None if found is None else shards.RefusedCheckpoint(*found)
+
     def _set_aside(self, path: Path, verdict: str) -> None:
-        """A checkpoint that must not be loaded, moved to .corrupt (collective): kept for inspection, never retried."""
+        """A checkpoint that must not be loaded, moved to .corrupt (collective, once every rank agreed and stopped
+        reading it): kept for inspection, never retried."""
         if self.rank == 0:
             moved = store.quarantine(path)
             log.error("checkpoint %s %s; moved to %s, falling back to the previous committed checkpoint",
@@ -283,8 +296,7 @@ class CheckpointManager:
             if state.step != self._saved_step:
                 self._save(state, blocking=True)
             _barrier(self.group)  # rank 0 has committed before any rank returns
-        self._lease.release()  # a job re-created now takes the folder over at once
-        self.close()
+        self.close()  # releases the lease: a job re-created now takes the folder over at once
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is written and committed; re-raise its error."""
@@ -294,15 +306,17 @@ class CheckpointManager:
                 pending.result()
 
     def close(self, *, wait: bool = True) -> None:
-        """Release the commit thread and the staging hook (idempotent).
+        """Release the commit thread, the staging hook and the volume's lease (idempotent): the run ended, however.
 
         wait=False is for a loop that failed: a save in flight is not waited
-        for (it commits if it completes, else stays an uncommitted .tmp).
+        for (it commits if it completes and this group is not fenced by then,
+        else stays an uncommitted .tmp).
         """
         if wait:
             self.wait()
         self._executor.shutdown(wait=wait)
-        self._lease.stop()  # not released: a failed group's lease expires, unless the same job starts again
+        # A failed run too: the job that starts next takes the folder at once (a fenced group releases nothing).
+        self._lease.release()
         if self._hook is not None:
             self._hook.remove()
             if wait:  # else a save in flight may still be writing from the staged buffers

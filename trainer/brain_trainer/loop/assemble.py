@@ -117,7 +117,8 @@ def _checkpoints(run: Run, layout: RunLayout, parameters: int, source: Optional[
     ckpt = CheckpointManager(cfg.checkpoint, rank=layout.rank, world_size=layout.world_size,
                              config_hash=cfg.config_hash(), manifest_fields=manifest_fields(cfg, source),
                              save_guard=watchdog.checkpointing, checkpoint_bytes=checkpoint_bytes(parameters))
-    # After finish() or a preemption it is closed already; after an error this does not wait for a save in flight.
+    # After finish() or a preemption it is closed already; after an error this does not wait for a save in flight,
+    # and releases the checkpoint lease as finish() does (a run that ended holds no volume).
     cleanup.callback(ckpt.close, wait=False)
     # Before the restore: a SIGTERM from here on is answered at the first vote, with a checkpoint.
     preemption = Preemption(cfg.checkpoint, rank=layout.rank, group=ckpt.group, request_file=run.checkpoint_request,
