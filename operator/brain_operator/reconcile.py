@@ -348,7 +348,7 @@ def plan(
     status = the_plan.status
     if reports_progress(job.spec.backend, status.phase):
         # Before the Stalled condition, which reads the progress time.
-        status = progress_status(progress, status, now=now, mount_path=job.spec.checkpoint.mount_path)
+        status = progress_status(progress, status, now=now, root=job.spec.checkpoint.location())
     status, stall_events = stalled_status(job.spec.watchdog, job.spec.training.log_interval, status, before, now)
     status = carried_refusal(status, before, creating=bool(the_plan.creates))
     # Once, at the first reconcile: a claim the operator cannot size.

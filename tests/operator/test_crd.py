@@ -144,7 +144,7 @@ def test_status_schema_accepts_what_the_operator_writes():
          "eval_loss": 2.75},
         counted,
         now=now,
-        mount_path="/ckpt",
+        root="/ckpt",
     ).to_dict()
     assert status["restarts"] == 1 and status["progress"]["step"] == 120 and status["lastCheckpoint"]["step"] == 100
     validator = jsonschema.Draft4Validator(SCHEMA["properties"]["status"])

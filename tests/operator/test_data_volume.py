@@ -16,6 +16,9 @@ from brain_operator.spec import ConfigError, parse_job
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "local-tokens.yaml"
 CLAIM_MOUNT = {"name": "training-data", "mountPath": "/data", "readOnly": True}
+# A prepared token dataset in an object store (spec.data.uri), and how the workers reach the store.
+DATA_URI = {"source": "tokens", "uri": "s3://datasets/stdlib-tokens"}
+STORE = {"endpoint": "http://minio.storage:9000", "credentialsSecret": "minio-keys"}
 NFS = {"name": "corpus", "nfs": {"server": "nfs.example", "path": "/exports/corpus", "readOnly": True}}
 
 
@@ -63,7 +66,8 @@ def test_render_shows_the_claim_mounted_read_only(backend, tmp_path, capsys):
 def test_rendered_data_volumes_pass_strict_kubernetes_schemas(backend, version):
     overlay_volume = manifest({"source": "tokens", "path": "/corpus/ds", "volume": {"volume": "corpus", "mountPath": "/corpus"}},
                               podTemplate={"spec": {"volumes": [NFS]}})
-    for job in (manifest(), overlay_volume):
+    in_store = manifest(DATA_URI, objectStore=STORE, checkpoint={"uri": "s3://checkpoints/local-tokens"})
+    for job in (manifest(), overlay_volume, in_store):
         job["spec"]["backend"] = backend
         for obj in render(parse_job(job)):
             for checked in _checked_objects(obj):
@@ -83,6 +87,18 @@ def test_no_data_volume_renders_none():
     job = parse_job(manifest({"source": "synthetic"}))
     for spec in pod_specs(render(job)):
         assert [m["mountPath"] for m in trainer_of(spec)["volumeMounts"]] == ["/etc/brain", "/dev/shm", "/checkpoints"]
+
+
+@pytest.mark.parametrize("backend", ["elastic", "pytorchjob"])
+def test_a_data_uri_mounts_no_volume_and_is_the_trainers_path(backend):
+    objects = render(parse_job(manifest(DATA_URI, backend=backend, objectStore=STORE)))
+    specs = list(pod_specs(objects))
+    assert specs
+    for spec in specs:
+        assert "training-data" not in [v["name"] for v in spec["volumes"]]
+        assert [m["mountPath"] for m in trainer_of(spec)["volumeMounts"]] == ["/etc/brain", "/dev/shm", "/checkpoints"]
+    config = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap")["data"]["trainer.yaml"])
+    assert config["data"]["path"] == "s3://datasets/stdlib-tokens", "the trainer reads the URI as its data.path"
 
 
 def errors(data=None, **spec):
@@ -115,6 +131,21 @@ def test_bad_data_volumes_name_the_field():
         "(the trainer config, shared memory, checkpoints or data)"]
 
 
+def test_bad_data_uris_name_the_field():
+    assert errors({**DATA_URI, "uri": "gs://datasets/ds"}) == [
+        "spec.data.uri: scheme 'gs' is not supported: only s3:// (Amazon S3 and S3-compatible stores: MinIO, Ceph, "
+        "R2), got 'gs://datasets/ds'"]
+    assert errors({**DATA_URI, "path": "/data/ds"}) == ["spec.data.uri: set either uri or path, not both"]
+    assert errors({**DATA_URI, "volume": {"claimName": "c"}}) == ["spec.data.uri: set either uri or volume, not both"]
+    assert errors({**DATA_URI, "source": "files"}) == [
+        "spec.data.uri: applies to source tokens (a folder braintrain prepare made), got 'files'"]
+    assert errors({"source": "tokens", "path": "s3://datasets/ds"}) == [
+        "spec.data.path: a URI goes in uri, got 's3://datasets/ds'"]
+    # The checkpoint mount is no volume of a job whose checkpoints are in a store: the data may go there.
+    parse_job(manifest({"source": "tokens", "path": "/checkpoints/ds", "volume": {"claimName": "c", "mountPath": "/checkpoints"}},
+                       checkpoint={"uri": "s3://checkpoints/run"}))
+
+
 def test_braintrain_run_reads_the_data_claim_from_its_local_folder(tmp_path):
     job = parse_job(manifest(), require_image=False)
     claims = tmp_path / "claims"
@@ -129,3 +160,12 @@ def test_braintrain_run_reads_the_data_claim_from_its_local_folder(tmp_path):
                       rendezvous=tmp_path / "work" / "rendezvous" / "r", metrics_port=2, python="python", cpu_count=2)
     config = yaml.safe_load(plan.files[tmp_path / "work" / "config" / "trainer.yaml"])
     assert config["data"]["path"] == str(tmp_path / "work" / "volumes" / "corpus" / "ds")
+
+
+def test_braintrain_run_passes_a_data_uri_through(tmp_path):
+    job = parse_job(manifest(DATA_URI, objectStore=STORE), require_image=False)
+    plan = plan_local(job, workdir=tmp_path / "work", claims=tmp_path / "claims",
+                      rendezvous=tmp_path / "work" / "rendezvous" / "r", metrics_port=2, python="python", cpu_count=2)
+    config = yaml.safe_load(plan.files[tmp_path / "work" / "config" / "trainer.yaml"])
+    assert config["data"]["path"] == "s3://datasets/stdlib-tokens"
+    assert plan.data_claim is None  # no claim folder that must exist

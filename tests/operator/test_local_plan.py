@@ -149,6 +149,18 @@ def test_a_named_claim_is_the_folder_of_that_name_in_the_claims_folder():
     assert local_trainer_yaml(p)["checkpoint"]["dir"] == str(CLAIMS / "shared-ckpt")
 
 
+def test_checkpoints_in_an_object_store_pass_through_with_the_users_own_endpoint_and_credentials():
+    # The trainer reaches the store; the manifest's endpoint and Secret are the cluster's, the user's shell is here.
+    p = plan(checkpoint={"uri": "s3://team-ckpt/local-minimal"},
+             objectStore={"endpoint": "http://minio.storage:9000", "credentialsSecret": "minio-keys"})
+    assert p.checkpoint_dir is None and WORKDIR / "checkpoints" not in p.dirs
+    assert local_trainer_yaml(p)["checkpoint"]["dir"] == "s3://team-ckpt/local-minimal"
+    mine = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ACCESS_KEY_ID": "me", "AWS_SECRET_ACCESS_KEY": "mine"}
+    for worker in p.workers:
+        assert "AWS_ENDPOINT_URL" not in worker.env
+        assert mine.items() <= process_env({"PATH": "/usr/bin", **mine}, worker).items()
+
+
 def test_steps_name_and_budget_come_through():
     p = plan(training={"steps": 77}, runPolicy={"backoffLimit": 2})
     assert (p.job_name, p.total_steps, p.backoff_limit) == ("local-minimal", 77, 2)

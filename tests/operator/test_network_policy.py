@@ -92,6 +92,18 @@ def test_every_port_is_open_to_the_jobs_own_pods_only(backend):
     assert not any(selects(source["podSelector"], labels) for labels in pod_labels(theirs))
 
 
+@pytest.mark.parametrize("backend", ["elastic", "pytorchjob"])
+def test_a_job_in_an_object_store_keeps_its_egress_open_to_reach_the_store(backend):
+    # A policy that lists Egress isolates the pods' egress: they would lose DNS, their peers (NCCL connects out)
+    # and the store. So the store needs no rule here; a namespace that denies egress must allow it (docs/deploy.md).
+    stored = manifest(backend=backend)
+    stored["spec"].update(checkpoint={"uri": "s3://team-a-ckpt/llm"}, data={"source": "tokens", "uri": "s3://datasets/ds"},
+                          objectStore={"endpoint": "https://minio.storage:9000"})
+    rendered = policy(render(dataclasses.replace(parse_job(stored), network=ACCESS)))
+    assert rendered["spec"]["policyTypes"] == ["Ingress"] and "egress" not in rendered["spec"]
+    assert rendered["spec"] == policy(render(job(backend=backend)))["spec"]
+
+
 def test_the_metrics_port_alone_is_open_to_the_operators_and_the_scraping_namespaces():
     [metrics] = [rule for rule in policy(render(job()))["spec"]["ingress"] if "ports" in rule]
     assert metrics["ports"] == [{"protocol": "TCP", "port": METRICS_PORT}]

@@ -14,12 +14,12 @@ DOC = {"step": 120, "total_steps": 200, "loss": 2.123456, "tokens_per_second": 5
        "eta_seconds": 41.9, "last_checkpoint_step": 100, "eval_loss": 2.345678, "updated_at": 1.0}
 
 
-def polled(doc, status=None, now=NOW, mount_path="/c"):
-    return progress_status(doc, status or JobStatus(), now=now, mount_path=mount_path)
+def polled(doc, status=None, now=NOW, root="/c"):
+    return progress_status(doc, status or JobStatus(), now=now, root=root)
 
 
 def test_progress_document_maps_into_status():
-    out = polled(DOC, mount_path="/checkpoints/").to_dict()
+    out = polled(DOC, root="/checkpoints/").to_dict()
     # Only the fields the document feeds are added.
     assert out == {
         **JobStatus().to_dict(),

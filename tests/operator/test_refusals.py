@@ -135,7 +135,7 @@ def test_a_progress_number_that_is_not_finite_or_in_range_is_left_out(field, val
     progress = Progress.read({"step": 7, field: value})
     assert progress is not None and progress.step == 7 and getattr(progress, field) is None
     # What used to raise OverflowError (int(inf)) or carry NaN into the status patch: the rest is shown.
-    status = progress_status({"step": 7, field: value}, JobStatus(), now=T0, mount_path="/checkpoints")
+    status = progress_status({"step": 7, field: value}, JobStatus(), now=T0, root="/checkpoints")
     assert status.progress.step == 7 and status.progress.eta_seconds is None
     assert Progress.read({"step": 10**400}) is None and Progress.from_json('{"step": NaN}') is None
     assert Progress.from_json('{"step": 3, "eta_seconds": Infinity}') == Progress(step=3)

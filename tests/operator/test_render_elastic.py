@@ -123,6 +123,18 @@ def test_existing_claim_is_mounted_not_created():
     assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "shared-ckpt"}
 
 
+def test_checkpoints_in_an_object_store_mount_no_volume_and_are_the_trainers_folder():
+    job = parse_job(job_manifest(checkpoint={"uri": "s3://team-a-ckpt/llm/run-1"}))
+    objects = render_elastic(job)
+    assert not by_kind(objects, "PersistentVolumeClaim")
+    for pod in by_kind(objects, "Pod"):
+        assert [v["name"] for v in pod["spec"]["volumes"]] == ["config", "dshm"]
+        assert [m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]] == ["/etc/brain", "/dev/shm"]
+        assert "BRAIN_CHECKPOINT_CLAIM" not in env_of(pod)  # no claim to name
+    (cm,) = by_kind(objects, "ConfigMap")
+    assert TrainerConfig.from_dict(yaml.safe_load(cm["data"]["trainer.yaml"])).checkpoint.dir == "s3://team-a-ckpt/llm/run-1"
+
+
 def test_pods_identity(objects):
     for i, pod in enumerate(by_kind(objects, "Pod")):
         assert pod["metadata"]["name"] == f"llm-worker-{i}"

@@ -46,6 +46,8 @@ def job_vocabulary(job: Job, *, base_dir: Optional[Path] = None, claims: Optiona
     settled = given(job)
     if settled is not None:
         return settled
+    if job.spec.data.uri is not None:
+        return assumed(job, f"the dataset is in an object store ({job.spec.data.uri}), not read from here")
     folders = dataset_folders(job, base_dir=base_dir or Path.cwd(), claims=claims or CLAIMS_DIR)
     problems = []
     for folder in folders:

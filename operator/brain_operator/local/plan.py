@@ -10,6 +10,13 @@ path rewritten to the local folder (in args and env). trainer.yaml is the
 operator's own, with the derived fields (the checkpoint folder, the metrics
 port) given local values.
 
+An object store (`checkpoint.uri`, `data.uri`) is the trainer's to reach:
+trainer.yaml carries the URI as a pod's does, and the endpoint and
+credentials come from the user's own environment (`AWS_ENDPOINT_URL`,
+`AWS_ACCESS_KEY_ID`, a profile...), never from the manifest: a local run
+does not set `spec.objectStore.endpoint` and cannot read the cluster's
+Secret. Its checkpoints then have no local folder.
+
 The rendezvous: in a cluster pod 0's agent hosts a TCP store on a fixed port
 of its own address. On one machine a port would have to be chosen free and
 bound later by pod 0's agent, and in between anyone could take it, another
@@ -53,6 +60,7 @@ from ..backends.shared.workers import (
     CONFIG_MAP,
     LOCAL_ADDR_ENV,
     OVERLAY,
+    store_env,
     RDZV_CONF_ENV,
     RDZV_ENDPOINT_ENV,
     Worker,
@@ -112,7 +120,7 @@ class LocalPlan:
 
     job_name: str
     workdir: Path
-    checkpoint_dir: Path
+    checkpoint_dir: Optional[Path]  # None: checkpoints in an object store (checkpoint.uri)
     progress_file: Path
     total_steps: int
     backoff_limit: int
@@ -223,7 +231,7 @@ def plan_local(
     """
     workers = elastic_workers(job)
     shared, _ = _folders(workers[0], workdir, claims)
-    checkpoint_dir = shared[CHECKPOINT_VOLUME]
+    checkpoint_dir = shared.get(CHECKPOINT_VOLUME)
     config = _local_config(job, workers[0], shared, checkpoint_dir, metrics_port)
     # torchrun sets one thread per process only when a node runs several; local
     # agents share one machine, so its cores are split between all processes.
@@ -249,12 +257,13 @@ def plan_local(
     )
 
 
-def _local_config(job: Job, first: Worker, shared: Mapping[str, Path], checkpoint_dir: Path,
+def _local_config(job: Job, first: Worker, shared: Mapping[str, Path], checkpoint_dir: Optional[Path],
                   metrics_port: int) -> TrainerConfig:
-    """trainer.yaml for a local run: its paths on the local folders, rank 0's metrics on `metrics_port`."""
+    """trainer.yaml for a local run: its paths on the local folders (a URI as it is), rank 0's metrics on
+    `metrics_port`."""
     # Loopback: the progress display reads it here, and nobody else on the network should.
-    config = trainer_config(job, checkpoint_dir=str(checkpoint_dir), metrics_port=metrics_port,
-                            metrics_address=LOOPBACK)
+    config = trainer_config(job, checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir),
+                            metrics_port=metrics_port, metrics_address=LOOPBACK)
     # Volumes are read and written at their local folders: data and initial weights on a mounted volume (the
     # checkpoint claim's `/checkpoints/export/...`), TensorBoard on one (rank 0, worker 0, writes it; a relative
     # folder is below the work directory).
@@ -276,7 +285,10 @@ def _local_worker(job: Job, worker: Worker, workdir: Path, claims: Path, shared:
     _, scratch = _folders(worker, workdir, claims)
     folders = {**shared, **scratch}
     mounts = {v.mount_path: folders[v.name] for v in worker.container.volumes}
-    env = {name: _rewrite_host(rewrite_path(value, mounts), hosts) for name, value in worker.container.env}
+    # The object store's endpoint is the user's own here (the module's docstring), as are its credentials.
+    manifest_only = {name for name, _ in store_env(job)}
+    env = {name: _rewrite_host(rewrite_path(value, mounts), hosts) for name, value in worker.container.env
+           if name not in manifest_only}
     env[RDZV_ENDPOINT_ENV] = str(rendezvous)
     env[RDZV_CONF_ENV] = rdzv_conf({"store_type": "file", **rendezvous_timeouts(job)})
     # The address this agent advertises to the others (the pod IP in a cluster).

@@ -423,6 +423,11 @@ def newest_committed(root: Path) -> Optional[Candidate]:
     return next((c for c in list_checkpoints(root) if c.manifest is not None), None)
 
 
+def _set_aside(plan: LocalPlan) -> list[Path]:
+    """The checkpoint folder's set-aside folders; none looked for in an object store (the trainer reports its own)."""
+    return [] if plan.checkpoint_dir is None else list(set_aside_folders(plan.checkpoint_dir))
+
+
 def _prepare(plan: LocalPlan) -> None:
     for folder in plan.dirs:
         folder.mkdir(parents=True, exist_ok=True)
@@ -436,7 +441,7 @@ def _prepare(plan: LocalPlan) -> None:
 def _summary(plan: LocalPlan, runner: _Runner, status: str, restarts: int, message: str, wall_seconds: float,
              set_aside_before: set[Path], overrides: tuple[str, ...]) -> RunSummary:
     doc = read_progress(plan.progress_file)
-    last = newest_committed(plan.checkpoint_dir)
+    last = newest_committed(plan.checkpoint_dir) if plan.checkpoint_dir is not None else None
     return RunSummary(
         status=status,
         step=max(last.step if last else 0, doc.step if doc else 0),
@@ -453,7 +458,7 @@ def _summary(plan: LocalPlan, runner: _Runner, status: str, restarts: int, messa
         first_eval_loss=runner.first_eval_loss,
         goodput=doc.goodput if doc else None,
         # Made by this run's trainers (checkpoint.resumeFrom): where the checkpoints that were in the way went.
-        set_aside=tuple(str(p) for p in set_aside_folders(plan.checkpoint_dir) if p not in set_aside_before),
+        set_aside=tuple(str(p) for p in _set_aside(plan) if p not in set_aside_before),
         overrides=overrides,
         in_pod_restarts=(doc.in_pod_restarts or 0) if doc else 0,
         last_in_pod_restart=(doc.last_in_pod_restart or "") if doc else "",
@@ -490,12 +495,7 @@ def _run(plan_for: Callable[[], LocalPlan], stream: TextIO, overrides: tuple[str
     unbound = missing_claim(plan, Path.is_dir)
     if unbound is not None:
         raise LocalRunError(unbound)
-    # What the trainers will start from, checkpoint.resumeFrom applied (they refuse a step that is not committed).
-    checkpoint, run = plan.job.spec.checkpoint, run_id(plan.job)
-    refused = resume_from.refusal(plan.checkpoint_dir, checkpoint, run)
-    if refused is not None:
-        raise LocalRunError(f"spec.checkpoint.resumeFrom: {refused}")
-    done = resume_from.start_point(plan.checkpoint_dir, checkpoint, run)
+    done = _start_point(plan)
     if done is not None and done.step >= plan.total_steps:
         print(
             f"braintrain: {plan.job_name} is already complete: {done.path} holds step {done.step} "
@@ -507,16 +507,29 @@ def _run(plan_for: Callable[[], LocalPlan], stream: TextIO, overrides: tuple[str
         return _supervise(plan_for, plan, done, stream, state, overrides)
 
 
+def _start_point(plan: LocalPlan) -> Optional[Candidate]:
+    """What the trainers will start from, checkpoint.resumeFrom applied (they refuse a step that is not committed).
+    In an object store the trainers find it themselves: None."""
+    if plan.checkpoint_dir is None:
+        return None
+    checkpoint, run = plan.job.spec.checkpoint, run_id(plan.job)
+    refused = resume_from.refusal(plan.checkpoint_dir, checkpoint, run)
+    if refused is not None:
+        raise LocalRunError(f"spec.checkpoint.resumeFrom: {refused}")
+    return resume_from.start_point(plan.checkpoint_dir, checkpoint, run)
+
+
 def _supervise(plan_for: Callable[[], LocalPlan], plan: LocalPlan, done: Optional[Candidate], stream: TextIO,
                state: IO[str], overrides: tuple[str, ...]) -> int:
     """Run the attempts, then print the summary and leave it in the run state."""
     _prepare(plan)
     # Before any step is computed: a folder without room for the next checkpoint fails now.
-    short = local_shortfall(plan.job, free=shutil.disk_usage(plan.checkpoint_dir).free, folder=str(plan.checkpoint_dir))
-    if short is not None:
-        raise LocalRunError(short)
+    if plan.checkpoint_dir is not None:
+        short = local_shortfall(plan.job, free=shutil.disk_usage(plan.checkpoint_dir).free, folder=str(plan.checkpoint_dir))
+        if short is not None:
+            raise LocalRunError(short)
     display = make_display(stream, job_name=plan.job_name, total_steps=plan.total_steps)
-    set_aside_before = set(set_aside_folders(plan.checkpoint_dir))
+    set_aside_before = set(_set_aside(plan))
     if done is not None:
         display.note(f"resuming {plan.job_name} from {done.path} (step {done.step} of {plan.total_steps})")
     runner = _Runner(plan_for, plan, display)

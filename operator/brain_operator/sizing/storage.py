@@ -80,7 +80,8 @@ def storage_lines(job: Job) -> list[str]:
         return ["checkpoint size: unknown (checkpoints off, or a user model)"]
     needed, size = room
     ckpt = job.spec.checkpoint
-    where = (f"{TEMPLATE_STORAGE}: {ckpt.volume_claim_template.storage}, covers it" if ckpt.volume_claim_template
+    where = (f"object store {ckpt.uri}: its room is the store's" if ckpt.uri
+             else f"{TEMPLATE_STORAGE}: {ckpt.volume_claim_template.storage}, covers it" if ckpt.volume_claim_template
              else f"claim {ckpt.claim_name}: its size is known only to the cluster" if ckpt.claim_name
              else "pod-local scratch: the node's disk must hold it")
     return [f"checkpoint: {size_text(size)} each; keepLast {ckpt.keep_last} + 1 being written = {size_text(needed)}",

@@ -4,6 +4,7 @@ Pure and torch-free. The resource's identity (group, version, kind) is
 brain_operator.objects.resource, re-exported here. Each module has one job:
 
     kube         what Kubernetes accepts (name patterns, quantities, access modes)
+    store        object-store locations: s3:// URIs and the store's endpoint URL
     environment  the environment variables the operator owns
     model        the typed spec: the trainer's config sections plus operator-only ones
     defaults     cluster-wide defaults from the operator's environment

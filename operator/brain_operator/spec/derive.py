@@ -63,8 +63,8 @@ def trainer_config(
 ) -> TrainerConfig:
     """The trainer.yaml the workers read: the spec's trainer sections as written, plus what the operator derives.
 
-    Derived: the checkpoint folder (the claim's mount path; the local runner
-    gives its own folder), rank 0's metrics port and address (every interface
+    Derived: the checkpoint folder (checkpoint.uri, else the volume's mount
+    path; the local runner gives its own folder for a volume), rank 0's metrics port and address (every interface
     of a pod; the local runner's loopback), and the node count.
     """
     return _sections(job.spec, checkpoint_dir=checkpoint_dir, metrics_port=metrics_port, metrics_address=metrics_address)
@@ -80,7 +80,7 @@ def _sections(
         distributed=replace(spec.distributed, num_nodes=spec.nodes),
         data=spec.data.trainer_config(),
         watchdog=spec.watchdog,
-        checkpoint=spec.checkpoint.trainer_config(checkpoint_dir or spec.checkpoint.mount_path),
+        checkpoint=spec.checkpoint.trainer_config(checkpoint_dir or spec.checkpoint.location()),
         metrics=replace(spec.metrics, port=metrics_port, bind_address=metrics_address),
         profiling=spec.profiling,
     )

@@ -23,7 +23,7 @@ from brain_trainer.schema import Names, quoted, setting
 
 from ..objects.schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
 from .corev1 import core_problems, core_setting
-from .environment import NCCL_DEBUG, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, check_env
+from .environment import AWS_ENDPOINT_URL, NCCL_DEBUG, NCCL_IB_DISABLE, NCCL_SOCKET_IFNAME, check_env
 from .kube import (
     ACCESS_MODES,
     DNS_LABEL_MAX,
@@ -35,7 +35,8 @@ from .kube import (
     SHARED_WRITE_MODES,
     SUBDOMAIN_PATTERN,
 )
-from .overlay import PodTemplateOverlay, job_problems, within
+from .overlay import PodTemplateOverlay, job_problems, trainer_env_paths, within
+from .store import endpoint_problem, has_scheme, uri_problem
 from .topology import topology_problems
 from .owned import CONFIG_DIR, SHM_DIR
 
@@ -102,8 +103,12 @@ class VolumeClaimTemplate:
 
 @dataclass
 class CheckpointSpec(CheckpointConfig):
-    """The trainer's checkpoint settings, and where the checkpoints live; without a claim they are pod-local scratch."""
+    """The trainer's checkpoint settings, and where they live: an object store (uri), a claim, else pod-local scratch."""
 
+    uri: Optional[str] = setting(
+        None, help="s3://bucket/prefix: checkpoints in an object store, no volume (spec.objectStore says how to reach "
+        "it); instead of claimName or volumeClaimTemplate"
+    )
     claim_name: Optional[str] = setting(None, pattern=SUBDOMAIN_PATTERN, help="an existing PVC to mount")
     volume_claim_template: Optional[VolumeClaimTemplate] = setting(None, help="a PVC the operator creates for the job")
     mount_path: str = setting("/checkpoints", pattern=r"/.*", help="absolute path inside the pods")
@@ -117,8 +122,23 @@ class CheckpointSpec(CheckpointConfig):
         yield from super().check(name)
         if self.claim_name is not None and self.volume_claim_template is not None:
             yield "volume_claim_template", f"set either {name('claim_name')} or {name('volume_claim_template')}, not both"
+        if self.uri is not None:
+            problem = uri_problem(self.uri)
+            if problem:
+                yield "uri", problem
+            for other in ("claim_name", "volume_claim_template"):
+                if getattr(self, other) is not None:
+                    yield "uri", f"set either {name('uri')} or {name(other)}, not both"
         if self.mount_path.rstrip("/") in ("", *POD_MOUNTS):
             yield "mount_path", f"must not be {quoted(self.mount_path)} (used by the pod itself)"
+
+    def location(self) -> str:
+        """Where the trainer finds the checkpoints in a pod: the URI, else the volume's mount path."""
+        return self.uri if self.uri is not None else self.mount_path
+
+    def volume_mount(self) -> Optional[str]:
+        """The checkpoint volume's mount path in a pod; None for checkpoints in an object store (no volume)."""
+        return None if self.uri is not None else self.mount_path
 
     def trainer_config(self, folder: str) -> CheckpointConfig:
         """The trainer's part, with the checkpoint folder the operator derived."""
@@ -146,18 +166,60 @@ class DataVolumeSpec:
 
 @dataclass
 class DataSpec(DataConfig):
-    """The trainer's data settings, and the volume the data lives on."""
+    """The trainer's data settings, and where the data lives: a volume, or an object store (uri)."""
 
     volume: Optional[DataVolumeSpec] = setting(None, help="mount a volume read-only for data.path")
+    uri: Optional[str] = setting(
+        None, help="source tokens: s3://bucket/prefix of a prepared token dataset, read from an object store "
+        "(spec.objectStore says how to reach it); instead of path and volume"
+    )
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
-        yield from super().check(name)
+        # The trainer's rules, less the path a URI stands in for.
+        yield from ((f, m) for f, m in super().check(name) if self.uri is None or f != "path")
         if self.volume is not None and self.path is not None and not within(self.path, self.volume.mount_path):
             yield "path", f"must be {name('volume.mount_path')} ({self.volume.mount_path}) or lie below it, got {quoted(self.path)}"
+        if self.path is not None and has_scheme(self.path):
+            yield "path", f"a URI goes in {name('uri')}, got {quoted(self.path)}"
+        if self.uri is None:
+            return
+        problem = uri_problem(self.uri)
+        if problem:
+            yield "uri", problem
+        if self.source != "tokens":
+            yield "uri", f"applies to {name('source')} tokens (a folder braintrain prepare made), got {quoted(self.source)}"
+        for other in ("path", "volume"):
+            if getattr(self, other) is not None:
+                yield "uri", f"set either {name('uri')} or {name(other)}, not both"
 
     def trainer_config(self) -> DataConfig:
-        """The trainer's part."""
-        return DataConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DataConfig)})
+        """The trainer's part; a URI is the trainer's data.path."""
+        own = {f.name: getattr(self, f.name) for f in dataclasses.fields(DataConfig)}
+        return DataConfig(**{**own, "path": self.uri if self.uri is not None else self.path})
+
+
+@dataclass
+class ObjectStoreSpec:
+    """How the workers reach the S3-compatible store of checkpoint.uri and data.uri (one per job).
+
+    One, as the endpoint is one environment variable of the trainer. Without
+    credentialsSecret the AWS SDK's default chain finds credentials: the pod's
+    service account (EKS IRSA, Pod Identity) or the node's role.
+    """
+
+    endpoint: Optional[str] = setting(
+        None, help="http(s) URL of an S3-compatible store (MinIO, Ceph, R2), set as AWS_ENDPOINT_URL; default: "
+        "Amazon S3"
+    )
+    credentials_secret: Optional[str] = setting(
+        None, pattern=SUBDOMAIN_PATTERN, help="a Secret of the job's namespace whose keys become the trainer's "
+        "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION...)"
+    )
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        problem = None if self.endpoint is None else endpoint_problem(self.endpoint, name("credentials_secret"))
+        if problem:
+            yield "endpoint", problem
 
 
 @dataclass
@@ -300,6 +362,9 @@ class JobSpec(TrainerSections):
     elastic: ElasticSpec = field(default_factory=ElasticSpec)
     resources: ResourcesSpec = field(default_factory=ResourcesSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    object_store: Optional[ObjectStoreSpec] = setting(
+        None, help="the endpoint and credentials of the store that checkpoint.uri and data.uri name"
+    )
     nccl: NcclSpec = field(default_factory=NcclSpec)
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
     run_policy: RunPolicySpec = field(default_factory=RunPolicySpec)
@@ -307,17 +372,17 @@ class JobSpec(TrainerSections):
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         yield from super().check(name)
-        volume = self.data.volume
+        volume, checkpoints = self.data.volume, self.checkpoint.volume_mount()
         data_mount = volume.mount_path if volume is not None else None
-        for path, message in job_problems(self.pod_template, self.checkpoint.mount_path, self.scheduling.priority_class_name,
+        for path, message in job_problems(self.pod_template, checkpoints, self.scheduling.priority_class_name,
                                           data_mount):
             yield f"pod_template.{path}", message
         if volume is not None:
             if volume.volume is not None and volume.volume not in {v.get("name") for v in self.pod_template.spec.volumes}:
                 yield "data.volume.volume", f"{quoted(volume.volume)} names no volume of {name('pod_template.spec.volumes')}"
-            data_mount, checkpoints = volume.mount_path, self.checkpoint.mount_path
-            if within(data_mount, checkpoints) or within(checkpoints, data_mount):
-                yield "data.volume.mount_path", f"must not overlap {name('checkpoint.mount_path')} ({self.checkpoint.mount_path})"
+            if checkpoints is not None and (within(volume.mount_path, checkpoints) or within(checkpoints, volume.mount_path)):
+                yield "data.volume.mount_path", f"must not overlap {name('checkpoint.mount_path')} ({checkpoints})"
+        yield from self._store_problems(name)
         yield from topology_problems(self, name)
         if self.scheduling.gang != GANG_NONE and self.backend != "elastic":
             yield (
@@ -340,6 +405,25 @@ class JobSpec(TrainerSections):
         yield from spread
         if not spread:
             yield from self._node_range_problems(low, high, name)
+
+    def uses_store(self) -> bool:
+        """Checkpoints or data in an object store: the workers reach it over the network."""
+        return self.checkpoint.uri is not None or self.data.uri is not None
+
+    def _store_problems(self, name: Names) -> Iterator[tuple[str, str]]:
+        """spec.objectStore serves a URI, and its endpoint is the one AWS_ENDPOINT_URL of the trainer."""
+        store = self.object_store
+        if store is None:
+            return
+        if not self.uses_store():
+            yield "object_store", f"applies to {name('checkpoint.uri')} and {name('data.uri')}: set one, or remove it"
+        if store.endpoint is None:
+            return
+        why = f"{quoted(AWS_ENDPOINT_URL)} is set from {name('object_store.endpoint')}: set the endpoint there alone"
+        if AWS_ENDPOINT_URL in self.nccl.env:
+            yield f"nccl.env.{AWS_ENDPOINT_URL}", why
+        for path in trainer_env_paths(self.pod_template, AWS_ENDPOINT_URL):
+            yield f"pod_template.{path}", why
 
     def _node_range_problems(self, low: int, high: int, name: Names) -> Iterator[tuple[str, str]]:
         """The layout and the batch at every node count of the range; stops at the first bad one (few consecutive

@@ -135,9 +135,10 @@ class PodTemplateOverlay:
     spec: PodSpecOverlay = field(default_factory=PodSpecOverlay)
 
 
-def job_problems(overlay: PodTemplateOverlay, checkpoint_mount: str, priority_class: Optional[str],
+def job_problems(overlay: PodTemplateOverlay, checkpoint_mount: Optional[str], priority_class: Optional[str],
                  data_mount: Optional[str] = None) -> Iterator[tuple[str, str]]:
-    """Rules across the overlay and the rest of the spec: `(path below podTemplate, message)`."""
+    """Rules across the overlay and the rest of the spec: `(path below podTemplate, message)`; a mount of None
+    is no volume (checkpoints or data in an object store)."""
     spec = overlay.spec
     if spec.priority_class_name is not None and priority_class is not None:
         yield "spec.priorityClassName", "set either spec.scheduling.priorityClassName or spec.podTemplate.spec.priorityClassName, not both"
@@ -146,12 +147,21 @@ def job_problems(overlay: PodTemplateOverlay, checkpoint_mount: str, priority_cl
         return
     for j, mount in enumerate(spec.containers[index].get("volumeMounts") or []):
         path = mount.get("mountPath")
-        owned = (CONFIG_DIR, SHM_DIR, checkpoint_mount, *([data_mount] if data_mount else []))
+        owned = (CONFIG_DIR, SHM_DIR, *(m for m in (checkpoint_mount, data_mount) if m))
         if isinstance(path, str) and any(within(path, mount) for mount in owned):
             yield (
                 f"spec.containers[{index}].volumeMounts[{j}].mountPath",
                 f"{path!r} is the trainer's own mount (the trainer config, shared memory, checkpoints or data)",
             )
+
+
+def trainer_env_paths(overlay: PodTemplateOverlay, variable: str) -> Iterator[str]:
+    """The path below podTemplate of each env entry of the trainer entry that sets `variable`."""
+    for i, container in enumerate(overlay.spec.containers):
+        if container.get("name") == TRAINER_CONTAINER:
+            for j, entry in enumerate(container.get("env") or []):
+                if entry.get("name") == variable:
+                    yield f"spec.containers[{i}].env[{j}].name"
 
 
 def within(path: str, mount: str) -> bool:

@@ -53,13 +53,14 @@ def shown_goodput(goodput: Goodput) -> Goodput:
     return Goodput(ratio=round(goodput.ratio, 3), **seconds)
 
 
-def progress_status(doc: Optional[Mapping[str, Any]], status: JobStatus, *, now: datetime, mount_path: str) -> JobStatus:
+def progress_status(doc: Optional[Mapping[str, Any]], status: JobStatus, *, now: datetime, root: str) -> JobStatus:
     """`status` with rank 0's document in its `progress`, `lastCheckpoint` and `goodput`, when the document is news.
 
     `doc` is None when no worker was asked or none answered: the previous
     values stand, so a restarting pod never blanks what `kubectl get btj`
     shows. Neither does a document that changed only its time: `updatedAt`
     stays when the operator last saw it change (stalled.py), and no patch is due.
+    `root`: where the checkpoints live in a pod (the mount path, or the object store's URI).
     """
     progress = Progress.read(doc)
     if progress is None:
@@ -67,7 +68,7 @@ def progress_status(doc: Optional[Mapping[str, Any]], status: JobStatus, *, now:
     out = replace(status, progress=shown(progress, now))
     if progress.last_checkpoint_step:
         step = progress.last_checkpoint_step
-        out = replace(out, last_checkpoint=LastCheckpoint(step=step, path=checkpoint_path(mount_path, step)))
+        out = replace(out, last_checkpoint=LastCheckpoint(step=step, path=checkpoint_path(root, step)))
     if progress.goodput is not None:
         out = replace(out, goodput=shown_goodput(progress.goodput))
     if (progress.in_pod_restarts or 0) > status.in_pod_restarts:  # never decreases: an older document is no news

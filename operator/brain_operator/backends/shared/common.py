@@ -153,7 +153,7 @@ def pod_annotations(job: Job) -> dict[str, str]:
 
 
 def container(job: Job, name: str, planned: Container) -> dict[str, Any]:
-    """The trainer container: the planned command, env, mounts and ports, with least privilege."""
+    """The trainer container: the planned command, env (and envFrom), mounts and ports, with least privilege."""
     spec = job.spec
     out: dict[str, Any] = {
         "name": name,
@@ -175,6 +175,8 @@ def container(job: Job, name: str, planned: Container) -> dict[str, Any]:
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if planned.secrets:
+        out["envFrom"] = [{"secretRef": {"name": secret}} for secret in planned.secrets]
     resources = {k: dict(v) for k, v in (("requests", spec.resources.requests), ("limits", spec.resources.limits)) if v}
     if resources:
         out["resources"] = resources

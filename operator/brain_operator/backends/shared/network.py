@@ -6,8 +6,9 @@ SECURITY.md says whoever reaches those stores can run code in the job. So
 the policy admits the job's own pods on every port (NCCL's ports are
 ephemeral) and, on the metrics port alone, the operator's namespace (it polls
 rank 0's /progress) and the namespaces named for scraping /metrics. Egress is
-left alone. Both backends' pods carry the job's labels, so one policy serves
-either.
+left alone: listing it would isolate the pods' egress, DNS, their peers and
+an object store (checkpoint.uri, data.uri) included. Both backends' pods
+carry the job's labels, so one policy serves either.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from brain_trainer.contract import (
 from ...sizing.grace import shutdown_timeout_seconds, termination_grace_seconds
 from ...objects.names import config_map_name, template_claim_name, worker_pod_name, workers_service_name
 from ...spec import Job, node_range
-from ...spec.environment import PYTHONUNBUFFERED, SHARE_RDZV_STORE
+from ...spec.environment import AWS_ENDPOINT_URL, PYTHONUNBUFFERED, SHARE_RDZV_STORE
 from ...spec.model import FAIL_JOB
 from ...spec.owned import (
     CHECKPOINT_VOLUME,
@@ -76,13 +76,15 @@ class Port:
 
 @dataclass(frozen=True)
 class Container:
-    """The trainer container: exec-form command, ordered environment, volumes, ports."""
+    """The trainer container: exec-form command, ordered environment, volumes, ports, and the Secrets whose keys
+    become environment variables (envFrom; a variable of `env` wins over a Secret's key of the same name)."""
 
     command: tuple[str, ...]
     args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     volumes: tuple[Volume, ...]
     ports: tuple[Port, ...]
+    secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -114,27 +116,47 @@ def data_volume(job: Job) -> tuple[Volume, ...]:
     return (Volume(str(spec.volume), spec.mount_path, OVERLAY, read_only=True),)
 
 
+def checkpoint_volume(job: Job) -> tuple[Volume, ...]:
+    """The checkpoint claim, or pod-local scratch without one; none for checkpoints in an object store."""
+    mount, claim = job.spec.checkpoint.volume_mount(), checkpoint_claim_name(job)
+    return () if mount is None else (Volume(CHECKPOINT_VOLUME, mount, CLAIM if claim else SCRATCH, claim),)
+
+
 def volumes(job: Job) -> tuple[Volume, ...]:
-    claim = checkpoint_claim_name(job)
     return (
         Volume(CONFIG_VOLUME, CONFIG_DIR, CONFIG_MAP, config_map_name(job.name), read_only=True),
         # NCCL and DataLoader workers share memory through /dev/shm; the runtime's default is 64 MiB.
         Volume(SHM_VOLUME, SHM_DIR, MEMORY),
-        Volume(CHECKPOINT_VOLUME, job.spec.checkpoint.mount_path, CLAIM if claim else SCRATCH, claim),
+        *checkpoint_volume(job),
         *data_volume(job),
     )
 
 
+def store_env(job: Job) -> tuple[tuple[str, str], ...]:
+    """spec.objectStore.endpoint as the AWS SDKs read it; nothing for Amazon S3 itself (the SDK's default)."""
+    store = job.spec.object_store
+    return ((AWS_ENDPOINT_URL, store.endpoint),) if store is not None and store.endpoint is not None else ()
+
+
+def store_secrets(job: Job) -> tuple[str, ...]:
+    """spec.objectStore.credentialsSecret; without it the pod's service account or the node provides credentials."""
+    store = job.spec.object_store
+    return (store.credentials_secret,) if store is not None and store.credentials_secret is not None else ()
+
+
 def trainer_container(job: Job, launch_env: tuple[tuple[str, str], ...] = (), ports: tuple[Port, ...] = ()) -> Container:
-    """torchrun starting the trainer on the mounted trainer.yaml; `launch_env` first, then NCCL's."""
+    """torchrun starting the trainer on the mounted trainer.yaml; `launch_env` first, then NCCL's, then the object
+    store's (after spec.nccl.env, so an operator default there never shadows the job's endpoint)."""
     env = (*launch_env, (SHUTDOWN_TIMEOUT_ENV, str(shutdown_timeout_seconds(termination_grace_seconds(job)))),
-           *job.spec.nccl.variables(), (PYTHONUNBUFFERED, "1"), (FAIL_FAST_ENV, fail_fast_reasons(job)), *lease_env(job))
+           *job.spec.nccl.variables(), *store_env(job), (PYTHONUNBUFFERED, "1"), (FAIL_FAST_ENV, fail_fast_reasons(job)),
+           *lease_env(job))
     return Container(
         command=COMMAND,
         args=tuple(trainer_args(CONFIG_PATH)),
         env=env,
         volumes=volumes(job),
         ports=(*ports, Port(METRICS_PORT_NAME, METRICS_PORT)),
+        secrets=store_secrets(job),
     )
 
 
