@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 from botocore.exceptions import ClientError
 from harness import run_ranks
 from processes import start, torchrun
@@ -32,6 +33,7 @@ from test_checkpoint_safety import Payload, _state
 from brain_trainer.checkpoint import CheckpointManager, bucket, location, shards, store
 from brain_trainer.checkpoint.bucket_lease import BucketLease
 from brain_trainer.config import CheckpointConfig, load_config
+from brain_trainer.model.export import export
 from brain_trainer.contract import CONFIG_ERROR_REASON, FENCED, step_dir_name
 from brain_trainer.resilience.failures import Fatal
 from brain_trainer.schema import ConfigError
@@ -107,6 +109,11 @@ def test_sigkill_during_an_async_save_on_a_bucket_resumes_bitwise_from_the_last_
     assert [n for n in _names(uri) if n.startswith("step-")] == [step_dir_name(8), step_dir_name(12)]
     assert bucket.objects(root / step_dir_name(4)) == {}
     assert not list(bucket._uploads(root))
+    # braintrain export reads the bucket's newest committed step.
+    assert export(uri, tmp_path / "export") == (root / step_dir_name(12), 1)
+    export(tmp_path / "reference", tmp_path / "reference-export")
+    ours, theirs = (load_file(tmp_path / name / "model.safetensors") for name in ("export", "reference-export"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 # -- one writer per prefix --

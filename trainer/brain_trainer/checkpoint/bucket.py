@@ -163,7 +163,8 @@ def open_read(path: BucketPath) -> io.BytesIO:
     return io.BytesIO(read_bytes(path))
 
 
-def exists(path: BucketPath) -> bool:
+def is_file(path: BucketPath) -> bool:
+    """Whether an object has this key."""
     try:
         client().head_object(Bucket=path.bucket, Key=path.key)
     except Exception as exc:
@@ -333,7 +334,7 @@ def remove_stale(root: BucketPath) -> None:
     """Delete steps without a manifest and abort their unfinished uploads (only while no save is in flight)."""
     uploads = list(_uploads(root))
     names = {name for name in children(root) if step_of(name) is not None} | {name for name, _, _ in uploads}
-    stale = {name for name in names if step_of(name) is not None and not exists(root / name / MANIFEST)}
+    stale = {name for name in names if step_of(name) is not None and not is_file(root / name / MANIFEST)}
     for name, key, upload_id in uploads:
         if name in stale:
             client().abort_multipart_upload(Bucket=root.bucket, Key=key, UploadId=upload_id)

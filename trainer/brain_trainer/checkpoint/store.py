@@ -159,6 +159,10 @@ def commit(folder: Path, final: Path, fields: dict[str, Any],
     return manifest
 
 
+def is_file(path: Path) -> bool:
+    return path.is_file()
+
+
 def read_text(path: Path) -> str:
     return path.read_text()
 
