@@ -30,8 +30,7 @@ from ..contract import ERROR, RUN_ID_ENV, STORAGE_FULL, restart_count
 from ..resilience.failures import Fatal, classify
 from ..observe import commits
 from ..schema import ConfigError, FieldError
-from . import compat, resume_from, shards, staging, store
-from .lease import VolumeLease
+from . import compat, location, resume_from, shards, staging, store
 from .state import MODEL_PREFIX, TrainState, UnexpectedState
 
 log = logging.getLogger(__name__)
@@ -80,7 +79,7 @@ def _verify(folder: Path, manifest: dict[str, Any], group: dist.ProcessGroup | N
     rank, world = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
     mine = [name for index, name in enumerate(sorted(manifest["files"]))
             if _checker(name, index, manifest.get("world_size"), world) == rank]
-    problems = store.verify_files(folder, manifest["files"], mine)
+    problems = location.store_for(folder).verify_files(folder, manifest["files"], mine)
     return [problem for problems in _gather(problems, group) for problem in problems]
 
 
@@ -110,7 +109,8 @@ class CheckpointManager:
         self.rank = rank
         self.world_size = world_size
         self.config_hash = config_hash
-        self.root = Path(cfg.dir)
+        self.root = location.root_of(cfg.dir)  # a folder on a volume, or a bucket's prefix
+        self.store = location.store_for(self.root)  # store or bucket: the same functions (location.py)
         self.last_committed: tuple[int, Path] | None = None
         self.last_stall_s = 0.0  # how long the latest save blocked the training loop
         self.stall_total_s = 0.0  # how long all saves of this trainer blocked it (the goodput ledger's)
@@ -129,7 +129,7 @@ class CheckpointManager:
         self.group = dist.new_group(backend="gloo") if distributed else None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-commit")
         # One job writes the folder at a time, and only the newest worker group commits (lease.py).
-        self._lease = VolumeLease(self.root, cfg.lease_seconds, rank=rank)
+        self._lease = location.lease_for(self.root, cfg.lease_seconds, rank=rank)
 
     def _take_lease(self) -> None:
         """Before the first restore or save (collective once; then nothing): the volume is this group's, or config-error."""
@@ -155,8 +155,8 @@ class CheckpointManager:
         if self.rank == 0:
             # resume_from first: what it sets aside is no candidate.
             refused = resume_from.apply(self.root, self.cfg, os.environ.get(RUN_ID_ENV, ""))
-            candidates = store.list_checkpoints(self.root)
-            store.remove_stale(self.root)
+            candidates = self.store.list_checkpoints(self.root)
+            self.store.remove_stale(self.root)
         refused, candidates = _broadcast((refused, candidates), self.group)
         if refused is not None:  # every rank fails the same way, before any step
             raise ConfigError([FieldError("checkpoint.resume_from", refused)])
@@ -210,7 +210,7 @@ class CheckpointManager:
         """A checkpoint that must not be loaded, moved to .corrupt (collective, once every rank agreed and stopped
         reading it): kept for inspection, never retried."""
         if self.rank == 0:
-            moved = store.quarantine(path)
+            moved = self.store.quarantine(path)
             log.error("checkpoint %s %s; moved to %s, falling back to the previous committed checkpoint",
                       path, verdict, moved.name)
         _barrier(self.group)
@@ -325,7 +325,7 @@ class CheckpointManager:
 
     def _needed_bytes(self) -> int:
         if self.last_committed is not None:
-            manifest = store.read_manifest(self.last_committed[1])
+            manifest = self.store.read_manifest(self.last_committed[1])
             return sum(f["size"] for f in manifest["files"].values())
         return self.checkpoint_bytes
 
@@ -338,7 +338,7 @@ class CheckpointManager:
     def _check_space(self, what: str) -> None:
         """Fail with storage-full before writing a checkpoint that cannot fit. Collective: rank 0 decides."""
         verdict = None
-        if self.rank == 0:
+        if self.rank == 0 and not location.is_bucket(self.root):  # a bucket reports no free space (bucket_lease probes it)
             needed = self._needed_bytes()
             self.root.mkdir(parents=True, exist_ok=True)
             if needed > shutil.disk_usage(self.root).free:
@@ -368,7 +368,7 @@ class CheckpointManager:
         self._check_space(f"the checkpoint of step {state.step}")
         started = time.perf_counter()
         self.stall_total_s += started - waiting
-        folder = store.tmp_dir(self.root, state.step)
+        folder = self.store.tmp_dir(self.root, state.step)
         fields = {
             "step": state.step,
             "sample_index": state.sample_index,
@@ -414,7 +414,7 @@ class CheckpointManager:
             return
         final = self.root / store.step_dir_name(fields["step"])
         self._lease.check()  # also before the manifest: a newer group's start may have removed this .tmp
-        manifest = store.commit(folder, final, {**fields, **self._lease.manifest_fields()}, self._lease.check)
+        manifest = self.store.commit(folder, final, {**fields, **self._lease.manifest_fields()}, self._lease.check)
         self.last_committed = (fields["step"], final)
         if self._requested is not None and self._requested[1] <= fields["step"]:
             self.answered, self._requested = self._requested, None
@@ -426,7 +426,7 @@ class CheckpointManager:
         log.info("checkpoint %s committed: %.1f MB in %.2f s, the training loop blocked %.3f s", final, size / 1e6,
                  took, stall)
         commits.committed(commits.Commit(fields["step"], size, took))
-        for path in store.apply_retention(self.root, self.cfg.keep_last):
+        for path in self.store.apply_retention(self.root, self.cfg.keep_last):
             log.info("retention (keep_last=%d): deleted %s", self.cfg.keep_last, path)
 
 
@@ -456,9 +456,9 @@ def save_model(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch
 
 def load_model(path: str | os.PathLike, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
     """Load a checkpoint written by save_model (or CheckpointManager) at any world size. Collective."""
-    folder = Path(path)
+    folder = location.root_of(path)
     group = dist.group.WORLD if dist.is_initialized() else None
-    manifest = store.read_manifest(folder)
+    manifest = location.store_for(folder).read_manifest(folder)
     problems = _verify(folder, manifest, group)
     if problems:
         raise store.ManifestError(f"checkpoint {folder} is damaged: {'; '.join(problems)}")

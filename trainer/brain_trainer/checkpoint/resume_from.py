@@ -21,27 +21,25 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Optional
 
 from ..config import RESUME_LATEST, RESUME_NONE, CheckpointConfig
-from ..files import write_atomic
-from . import store
+from . import location
 
 log = logging.getLogger(__name__)
 
 RECORD = "resume-from.json"  # {run id: the resume_from it applied}
 
 
-def _record(root: Path) -> dict[str, str]:
+def _record(root: location.Root) -> dict[str, str]:
     try:
-        record = json.loads((root / RECORD).read_text())
+        record = json.loads(location.store_for(root).read_text(root / RECORD))
     except (OSError, ValueError):
         return {}  # none yet (write_atomic never leaves a torn one)
     return record if isinstance(record, dict) else {}
 
 
-def pending(root: Path, cfg: CheckpointConfig, run_id: str) -> bool:
+def pending(root: location.Root, cfg: CheckpointConfig, run_id: str) -> bool:
     """Whether this run has yet to apply cfg.resume_from (a run never recorded has applied `latest`)."""
     return cfg.enabled and _record(root).get(run_id, RESUME_LATEST) != str(cfg.resume_from)
 
@@ -51,26 +49,26 @@ def _newest_kept(cfg: CheckpointConfig) -> Optional[int]:
     return -1 if cfg.resume_from == RESUME_NONE else cfg.resume_step()
 
 
-def refusal(root: Path, cfg: CheckpointConfig, run_id: str) -> Optional[str]:
+def refusal(root: location.Root, cfg: CheckpointConfig, run_id: str) -> Optional[str]:
     """Why the run cannot start as asked (a step that is not committed), or None."""
     step = cfg.resume_step()
     if step is None or not pending(root, cfg, run_id):
         return None
-    committed = sorted(c.step for c in store.list_checkpoints(root) if c.manifest is not None)
+    committed = sorted(c.step for c in location.store_for(root).list_checkpoints(root) if c.manifest is not None)
     if step in committed:
         return None
     return (f"step {step} is not a committed checkpoint in {root}; "
             f"committed: {', '.join(map(str, committed)) or 'none'}")
 
 
-def start_point(root: Path, cfg: CheckpointConfig, run_id: str) -> Optional[store.Candidate]:
+def start_point(root: location.Root, cfg: CheckpointConfig, run_id: str) -> Optional[store.Candidate]:
     """The committed checkpoint the run will start from (before verification), once resume_from is applied."""
     kept = _newest_kept(cfg) if pending(root, cfg, run_id) else None
-    return next((c for c in store.list_checkpoints(root)
+    return next((c for c in location.store_for(root).list_checkpoints(root)
                  if c.manifest is not None and (kept is None or c.step <= kept)), None)
 
 
-def apply(root: Path, cfg: CheckpointConfig, run_id: str) -> Optional[str]:
+def apply(root: location.Root, cfg: CheckpointConfig, run_id: str) -> Optional[str]:
     """Set aside what is in the way of cfg.resume_from, once per run; returns refusal()'s line instead, if any.
 
     The record is written after the moves: a crash in between applies it again
@@ -82,13 +80,13 @@ def apply(root: Path, cfg: CheckpointConfig, run_id: str) -> Optional[str]:
     if line is not None:
         return line
     kept = _newest_kept(cfg)
-    doomed = [path for step, path in store.lineage(root) if kept is not None and step > kept]
+    files = location.store_for(root)  # a volume's or a bucket's (location.py)
+    doomed = [path for step, path in files.lineage(root) if kept is not None and step > kept]
     if doomed:
-        target = store.set_aside(root, doomed, f"resume-from-{cfg.resume_from}")
+        target = files.set_aside(root, doomed, f"resume-from-{cfg.resume_from}")
         start = "from scratch" if kept < 0 else f"from step {kept}"
         log.warning("checkpoint.resume_from %s: moved %s aside to %s; starting %s (once for run %r: its restarts "
                     "continue from its own checkpoints)", cfg.resume_from, ", ".join(p.name for p in doomed), target,
                     start, run_id)
-    root.mkdir(parents=True, exist_ok=True)
-    write_atomic(root / RECORD, json.dumps({**_record(root), run_id: str(cfg.resume_from)}, sort_keys=True))
+    files.write_text(root / RECORD, json.dumps({**_record(root), run_id: str(cfg.resume_from)}, sort_keys=True))
     return None

@@ -59,7 +59,9 @@ from torch.serialization import _get_layout
 from torch.utils.serialization import config as serialization_config
 
 from ..resilience.failures import causes
-from . import store
+from . import location, store
+from .bucket import open_read
+from .bucket_files import UPLOAD_THREADS, ObjectFiles
 
 METADATA_FILE = ".metadata"  # DCP's name for it
 ONLY_DATA = "a checkpoint holds only data; see docs/security.md"
@@ -117,9 +119,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise RefusedCheckpoint(self.path, f"refuses to unpickle getattr({getattr(cls, '__name__', cls)!r}, {name!r})")
 
 
-def read_metadata(path: Path) -> Metadata:
+def read_metadata(path: location.Root) -> Metadata:
     """DCP's .metadata at `path`, unpickled admitting only its own classes; its files must lie in its folder."""
-    with open(path, "rb") as file:
+    with open_read(path) if location.is_bucket(path) else open(path, "rb") as file:
         metadata = _MetadataUnpickler(file, path).load()
     if not isinstance(metadata, Metadata):
         raise RefusedCheckpoint(path, f"holds a {type(metadata).__name__}, not DCP's Metadata")
@@ -205,10 +207,13 @@ class _DataOnlyPlanner(DefaultLoadPlanner):
         return RefusedCheckpoint(file, f"{read_item.storage_index.fqn}: {problem}")
 
 
-class _ChecksummedFiles(FileSystem):
-    """DCP's local file system, checksumming each file it writes as the bytes go out."""
+class _Checksumming:
+    """A DCP file system that checksums each file it writes as the bytes go out (`checksummer` wraps the stream)."""
+
+    checksummer: type[store.ChecksummingWriter]
 
     def __init__(self) -> None:
+        super().__init__()
         self.digests: dict[str, dict[str, Any]] = {}
 
     @contextmanager
@@ -221,22 +226,40 @@ class _ChecksummedFiles(FileSystem):
         # torch.load never checks the one torch.save computes per tensor: skip
         # that second pass over the data. The patch holds in this thread only.
         with super().create_stream(path, mode) as raw, serialization_config.patch({"save.compute_crc32": False}):
-            stream = store.ChecksummingWriter(raw)
+            stream = self.checksummer(raw)
             yield stream
         self.digests[Path(path).name] = stream.checksum.digest()
 
 
-class ShardWriter(dcp.FileSystemWriter):
-    """DCP's file writer, plus a size-and-checksum sidecar for every shard file it wrote."""
+class _ChecksummedFiles(_Checksumming, FileSystem):
+    """DCP's local file system, checksumming."""
 
-    def __init__(self, path: Path):
-        super().__init__(path, sync_files=True)
-        self.fs = _ChecksummedFiles()
+    checksummer = store.ChecksummingWriter
+
+
+class _ChecksummedObjects(_Checksumming, ObjectFiles):
+    """DCP's file system on a bucket, checksumming (bucket_files.py)."""
+
+
+class ShardWriter(dcp.FileSystemWriter):
+    """DCP's file writer, plus a size-and-checksum sidecar for every shard file it wrote.
+
+    On a volume, files are fsynced; on a bucket, a file is durable once its upload completes (at close), and
+    each rank writes through several threads (bucket_files.py).
+    """
+
+    def __init__(self, path: location.Root):
+        on_bucket = location.is_bucket(path)
+        options = {"sync_files": False, "thread_count": UPLOAD_THREADS} if on_bucket else {"sync_files": True}
+        super().__init__(str(path) if on_bucket else path, **options)
+        self.folder = path
+        self.fs = _ChecksummedObjects() if on_bucket else _ChecksummedFiles()
+        self.path = str(path) if on_bucket else path
 
     def write_data(self, plan, planner) -> TorchFuture:
         done = super().write_data(plan, planner)
         written = sorted({result.storage_data.relative_path for result in done.wait()})
-        store.write_shard_sums(Path(self.path), {name: self.fs.digests[name] for name in written})
+        location.store_for(self.folder).write_shard_sums(self.folder, {name: self.fs.digests[name] for name in written})
         return done
 
 
@@ -290,8 +313,15 @@ class ShardReader(dcp.FileSystemReader):
     Its metadata is read by read_metadata, which runs no code from the file.
     """
 
+    def __init__(self, path: location.Root):
+        on_bucket = location.is_bucket(path)
+        super().__init__(str(path) if on_bucket else path)
+        self.folder = path
+        if on_bucket:
+            self.fs, self.path = ObjectFiles(), str(path)
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        metadata = read_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
+        metadata = read_metadata(self.folder / os.path.basename(self._get_metadata_path(kwargs.get("rank"))))
         # As FileSystemReader.read_metadata finishes it: DCP's load reads this id.
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()

@@ -159,17 +159,39 @@ def commit(folder: Path, final: Path, fields: dict[str, Any],
     return manifest
 
 
+def is_file(path: Path) -> bool:
+    return path.is_file()
+
+
+def read_text(path: Path) -> str:
+    return path.read_text()
+
+
+def write_text(path: Path, text: str) -> None:
+    """A small file of the checkpoint folder (resume_from's record), replaced atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text)
+
+
 class ManifestError(ValueError):
     """A checkpoint folder whose manifest is missing, unreadable or disagrees with its files."""
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / MANIFEST
     try:
-        manifest = json.loads(path.read_text())
+        text = (folder / MANIFEST).read_text()
     except FileNotFoundError:
         raise ManifestError(f"{folder}: no {MANIFEST} (not committed)") from None
     except (OSError, ValueError) as exc:
+        raise ManifestError(f"{folder}: unreadable {MANIFEST}: {exc}") from None
+    return parse_manifest(folder, text)
+
+
+def parse_manifest(folder: Any, text: str) -> dict[str, Any]:
+    """The manifest of `folder` (a volume's or a bucket's) from its text; ManifestError when it is not one."""
+    try:
+        manifest = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ManifestError(f"{folder}: unreadable {MANIFEST}: {exc}") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or "step" not in manifest:
         raise ManifestError(f"{folder}: {MANIFEST} lacks 'step' or 'files'")

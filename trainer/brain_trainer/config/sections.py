@@ -37,6 +37,28 @@ INTERLEAVED = "interleaved-1f1b"  # the schedule that runs several (virtual) sta
 AUTO = "auto"
 # checkpoint.resume_from: the newest committed checkpoint, or none (from scratch); else a committed step.
 RESUME_LATEST, RESUME_NONE = "latest", "none"
+# checkpoint.dir: a path (a volume), or a URI of an object store of these schemes (checkpoint/location.py).
+# S3 (and S3-compatible stores) is the one tested here; gs:// and others are refused until they are.
+CHECKPOINT_SCHEMES = ("s3",)
+
+
+def uri_scheme(value: str) -> Optional[str]:
+    """The scheme of `scheme://...`, lower-cased; None for a plain path."""
+    head, sep, _ = value.partition("://")
+    return head.lower() if sep and head.isascii() and head.isalnum() else None
+
+
+def checkpoint_dir_problem(value: str) -> Optional[str]:
+    """Why checkpoint.dir names no place checkpoints can live, or None."""
+    scheme = uri_scheme(value)
+    if scheme is None:
+        return None
+    if scheme not in CHECKPOINT_SCHEMES:
+        return (f"scheme {scheme}:// is not supported (a path, or s3://bucket/prefix on S3 or an S3-compatible "
+                f"store), got {quoted(value)}")
+    if not value.partition("://")[2].split("/")[0]:
+        return f"names no bucket (s3://bucket/prefix), got {quoted(value)}"
+    return None
 
 ENTRYPOINT_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
 
@@ -288,7 +310,8 @@ class DataConfig:
 class CheckpointConfig:
     """Sharded, atomically committed, resumable checkpoints."""
 
-    dir: str = setting("checkpoints", derived=True, help="folder holding step-XXXXXXXX/ checkpoints (the checkpoint mount)")
+    dir: str = setting("checkpoints", derived=True, help="folder holding step-XXXXXXXX/ checkpoints (the checkpoint mount), "
+                  "or s3://bucket/prefix (docs/checkpoints.md, \"On object storage\")")
     interval_steps: int | str = setting(
         50, help=f"steps between checkpoints; 0 saves only at the end; {AUTO}: Young/Daly's optimum from the measured "
         "checkpoint stall, the step time and mtbfMinutes"
@@ -319,8 +342,15 @@ class CheckpointConfig:
         steps = self.interval_steps
         if isinstance(steps, str) and steps != AUTO or isinstance(steps, int) and steps < 0:
             yield "interval_steps", f"must be a number of steps >= 0 or {AUTO}, got {quoted(steps)}"
+        problem = checkpoint_dir_problem(self.dir)
+        if problem is not None:
+            yield "dir", problem
         if self.resume_from not in (RESUME_LATEST, RESUME_NONE) and self.resume_step() is None:
             yield "resume_from", f"must be {RESUME_LATEST}, {RESUME_NONE} or a step >= 0, got {quoted(self.resume_from)}"
+
+    def local_folder(self) -> Optional[Path]:
+        """checkpoint.dir as a local folder, for the run's side files (goodput ledger, profiles); None on a bucket."""
+        return None if uri_scheme(self.dir) else Path(self.dir)
 
     def resume_step(self) -> Optional[int]:
         """The step `resume_from` names (a number, or its digits as text: a quoted manifest value), else None."""

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from ..checkpoint import shards, store
+from ..checkpoint import location, shards, store
 from ..config.presets import preset_config
 from ..parallel.fsdp import DTYPES
 from ..schema import to_dict
@@ -47,12 +47,13 @@ class ExportError(Exception):
     pass
 
 
-def resolve(checkpoint: str | os.PathLike) -> Path:
-    """The committed checkpoint folder that CHECKPOINT names."""
-    path = Path(checkpoint)
-    if (path / store.MANIFEST).is_file():
+def resolve(checkpoint: str | os.PathLike) -> location.Root:
+    """The committed checkpoint folder (or a bucket's prefix: s3://...) that CHECKPOINT names."""
+    path = location.root_of(checkpoint)
+    files = location.store_for(path)
+    if files.is_file(path / store.MANIFEST):
         return path
-    latest = store.latest_checkpoint(path)
+    latest = files.latest_checkpoint(path)
     if latest is None:
         raise ExportError(f"{path}: neither a committed checkpoint (no {store.MANIFEST}) nor a folder holding one")
     return latest
@@ -174,10 +175,10 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, dtype: Optiona
         raise ExportError(f"{out} exists and is not empty; pass --force to replace it")
     folder = resolve(checkpoint)
     try:
-        manifest = store.read_manifest(folder)
+        manifest = location.store_for(folder).read_manifest(folder)
     except store.ManifestError as exc:
         raise ExportError(str(exc)) from None
-    problems = store.verify_files(folder, manifest["files"], sorted(manifest["files"]))
+    problems = location.store_for(folder).verify_files(folder, manifest["files"], sorted(manifest["files"]))
     if problems:
         raise ExportError(f"{folder} is damaged: {'; '.join(problems)}")
     try:

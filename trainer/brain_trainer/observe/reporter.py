@@ -72,7 +72,8 @@ class Reporter:
         self.eval_loss: Optional[float] = None
         # The run's ledger lives beside the checkpoints, which outlive this trainer; written at once, so this start
         # counts as a restart of the run even if it dies before its first step.
-        folder = self._folder = Path(cfg.checkpoint.dir) if self.active and cfg.checkpoint.enabled else None
+        # (On a bucket it is kept in memory only: checkpoint.local_folder is None.)
+        folder = self._folder = cfg.checkpoint.local_folder() if self.active and cfg.checkpoint.enabled else None
         # torchrun restarts its workers in place: which torchrun, and its restart count, tell the in-pod restarts.
         self.goodput = GoodputLog(folder, os.environ.get(RUN_ID_ENV, ""), started,
                                   agent=torchrun_agent() if self.active else "", agent_restarts=restart_count(),
@@ -117,7 +118,7 @@ class Reporter:
         if self._cfg.profiling.start_step is not None:
             from .profiling import StepProfiler  # imports torch.profiler: only for runs that profile
 
-            self.profiler = StepProfiler(self._cfg.profiling, Path(self._cfg.checkpoint.dir), self._rank, step)
+            self.profiler = StepProfiler(self._cfg.profiling, self._profiles_root(), self._rank, step)
 
     def stepped(self, step: int, checkpoint_total_s: float) -> None:
         """An optimizer step ended; `checkpoint_total_s`: all the loop has waited for saves so far."""
@@ -135,6 +136,10 @@ class Reporter:
         if self.profiler is not None:
             self.profiler.stepped(step)
 
+    def _profiles_root(self) -> Path:
+        """Where profiles go: beside the checkpoints on a volume, the working folder when they are on a bucket."""
+        return self._cfg.checkpoint.local_folder() or Path.cwd()
+
     def profile_now(self, step: int, steps: int) -> None:
         """The ranks agreed on a profile request at `step`: trace the `steps` steps after it, with spec.profiling's
         options, unless a profile is under way (or still to come) already."""
@@ -146,7 +151,7 @@ class Reporter:
         from .profiling import StepProfiler  # imports torch.profiler: only once a profile is asked for
 
         self.profiler = StepProfiler(replace(self._cfg.profiling, start_step=step + 1, steps=steps),
-                                     Path(self._cfg.checkpoint.dir), self._rank, step)
+                                     self._profiles_root(), self._rank, step)
         if self.active:
             log.info("profiling steps %d-%d on every rank (requested): traces in %s/rank-*.json.gz", step + 1,
                      step + steps, self.profiler.folder)

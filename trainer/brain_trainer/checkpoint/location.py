@@ -1,0 +1,59 @@
+"""Where checkpoints live: a folder on a volume, or a prefix of an object-storage bucket (checkpoint.dir).
+
+    root = root_of(cfg.dir)            # a Path, or a BucketPath for s3://bucket/prefix
+    files = store_for(root)            # the module that keeps checkpoints there: store (volume) or bucket
+    files.list_checkpoints(root), files.commit(...), files.apply_retention(root, keep_last), ...
+
+Both modules offer the same functions with the same meaning (store.py's docstring); what differs is how a
+commit is made atomic: a rename on a volume, the manifest written last on a bucket (bucket.py). Only the
+manager, resume_from and the DCP reader and writer (shards.py) route through here; everything above them
+sees a committed checkpoint either way.
+
+Torch-free; importing it loads no S3 client (bucket.py imports boto3 and s3fs when first used).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Mapping, Union
+
+from ..config.sections import checkpoint_dir_problem
+from ..schema import ConfigError, FieldError
+from . import bucket, store
+from .bucket import BucketPath
+from .bucket_lease import BucketLease
+from .lease import VolumeLease
+
+Root = Union[Path, BucketPath]
+
+
+def root_of(value: str | os.PathLike) -> Root:
+    """checkpoint.dir as a place: a BucketPath for s3://bucket/prefix, else a Path (a config-error for other URIs)."""
+    if isinstance(value, (Path, BucketPath)):
+        return value
+    text = os.fspath(value)
+    problem = checkpoint_dir_problem(text)
+    if problem is not None:
+        raise ConfigError([FieldError("checkpoint.dir", problem)])
+    if text.partition("://")[1]:
+        return BucketPath.of(text)
+    return Path(text)
+
+
+def is_bucket(path: object) -> bool:
+    return isinstance(path, BucketPath)
+
+
+def store_for(path: Root) -> ModuleType:
+    """The module that keeps checkpoints at `path`: bucket for a bucket's prefix, store for a folder."""
+    return bucket if is_bucket(path) else store
+
+
+def lease_for(root: Root, ttl_s: float, *, rank: int, env: Mapping[str, str] = os.environ) -> VolumeLease:
+    """The lease on `root`: files on a volume, conditionally written objects on a bucket (bucket_lease.py)."""
+    if is_bucket(root):
+        return BucketLease(root, ttl_s, rank=rank, env=env)
+    return VolumeLease(root, ttl_s, rank=rank, env=env)
+
