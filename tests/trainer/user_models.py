@@ -63,3 +63,8 @@ class HostRead(nn.Module):
 
 def data_dependent() -> nn.Module:
     return nn.Sequential(nn.Embedding(256, WIDTH), HostRead(), nn.Linear(WIDTH, 256))
+
+
+def byte_lm() -> nn.Module:
+    """small_lm over a byte-level token dataset's vocabulary: the 256 bytes and the end-of-text id."""
+    return nn.Sequential(nn.Embedding(257, WIDTH), nn.LayerNorm(WIDTH), nn.Linear(WIDTH, 257))

@@ -17,6 +17,7 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from ..contract import METRICS_PORT
+from ..files import BUCKET_SCHEMES, uri_scheme
 from ..schema import ConfigError, FieldError, Names, from_dict, quoted, setting, to_dict, trainer_spelling
 from . import kubeyaml
 from .presets import MODEL_PRESETS, VOCAB_SIZE, pipeline_unit_count
@@ -297,13 +298,18 @@ class DataConfig:
         "synthetic", choices=DATA_SOURCES,
         help="synthetic; files: a glob of text files read as bytes; tokens: a folder `braintrain prepare` made",
     )
-    path: Optional[str] = setting(None, help="files: a glob of text files; tokens: the dataset folder")
+    path: Optional[str] = setting(None, help="files: a glob of text files; tokens: the dataset folder, or its "
+                                             "s3://bucket/prefix")
     num_workers: int = setting(0, minimum=0, help="DataLoader worker processes per rank")
     num_samples: int = setting(65536, minimum=1, help="sequences in the synthetic dataset (one epoch)")
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.source in ("files", "tokens") and not self.path:
             yield "path", f"required when source is {self.source!r}"
+        scheme = uri_scheme(self.path) if self.path and self.source != "synthetic" else None
+        if scheme is not None and (self.source != "tokens" or scheme not in BUCKET_SCHEMES):
+            reads = "a local folder or s3://bucket/prefix" if self.source == "tokens" else "local files only"
+            yield "path", f"scheme {scheme}:// is not supported: source {self.source!r} reads {reads}, got {self.path!r}"
 
 
 @dataclass

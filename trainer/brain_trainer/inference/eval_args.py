@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..config.sections import STRATEGIES
 
@@ -17,8 +16,9 @@ def positive(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", help="step-XXXXXXXX folder, or checkpoint.dir for its newest committed one")
-    parser.add_argument("--data", type=Path, required=True, metavar="DIR",
-                        help="a prepared token dataset (braintrain prepare): its whole validation split is evaluated")
+    parser.add_argument("--data", required=True, metavar="DIR",
+                        help="a prepared token dataset (braintrain prepare), a folder or s3://bucket/prefix: its whole "
+                             "validation split is evaluated")
     parser.add_argument("--seq-len", type=positive, metavar="N", help="window length (default: the job's seq_len)")
     parser.add_argument("--micro-batch-size", type=positive, metavar="N",
                         help="windows per forward pass (default: the job's; the figure does not depend on it)")

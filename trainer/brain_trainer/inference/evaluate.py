@@ -25,7 +25,7 @@ from ..checkpoint.compat import MODEL
 from ..config import TrainerConfig
 from ..data.errors import DataError
 from ..data.tokens.dataset import TokenDataset
-from ..data.tokens.source import follow_vocabulary
+from ..data.tokens.source import follow_vocabulary, token_split
 from ..loop.evaluation import EvalResult, held_out
 from ..loop.wrap import build_and_wrap
 from ..parallel.ddp import ensure_process_group, use_local_device
@@ -61,7 +61,7 @@ def _nested(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def eval_config(checkpoint: Path, manifest: dict[str, Any], data: Path, seq_len: Optional[int],
+def eval_config(checkpoint: Path, manifest: dict[str, Any], data: str | Path, seq_len: Optional[int],
                 micro_batch_size: Optional[int], layout: EvalLayout) -> TrainerConfig:
     """The job's config as its checkpoint recorded it, made into an evaluation of the checkpoint on `data`."""
     settings = {k: v for k, v in (manifest.get("settings") or {}).items() if not k.startswith(NOT_EVALUATION)}
@@ -100,7 +100,7 @@ def _evaluate_rank(job: tuple[TrainerConfig, TokenDataset]) -> EvalResult:
 def evaluate(cfg: TrainerConfig) -> EvalResult:
     """The evaluation on every rank of this launch (one process when nothing launched it)."""
     cfg = cfg.resolved()
-    dataset = TokenDataset(cfg.data.path, cfg.training.seq_len, "validation")
+    dataset = token_split(cfg.data.path, cfg.training.seq_len, "validation")
     cfg = follow_vocabulary(cfg, dataset.vocab_size)
     return DistributedLauncher(cfg.distributed).launch(_evaluate_rank, (cfg, dataset))
 
@@ -110,7 +110,7 @@ def evaluate_checkpoint(checkpoint: str | Path, data: str | Path, seq_len: Optio
     found = origin(checkpoint)
     if found.manifest is None:
         raise LoadError(f"{checkpoint}: an export; evaluate a checkpoint, or the export with lm-evaluation-harness")
-    return evaluate(eval_config(found.path, found.manifest, Path(data), seq_len, micro_batch_size, layout))
+    return evaluate(eval_config(found.path, found.manifest, str(data), seq_len, micro_batch_size, layout))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -89,7 +89,9 @@ class Evaluator:
         rows = list(indices)
         if self.padded_to is not None:
             rows += [self.filler[0]] * (self.padded_to - len(rows))
-        xs, ys = zip(*(self.dataset[i] for i in rows))
+        # a dataset that fetches a batch at once (a bucket's: one round trip) gets the batch, as the DataLoader does
+        fetch = getattr(self.dataset, "__getitems__", None)
+        xs, ys = zip(*(fetch(rows) if fetch else [self.dataset[i] for i in rows]))
         return torch.stack(xs).to(self.device), torch.stack(ys).to(self.device)
 
     @torch.no_grad()

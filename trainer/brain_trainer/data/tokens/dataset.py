@@ -25,7 +25,6 @@ such id and its position.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import mmap
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import DataError
-from .format import MANIFEST, Manifest, check_seq_len, read_manifest, verify_split, windows
+from .format import MANIFEST, Manifest, check_seq_len, read_manifest, verify_split, window_pieces, windows
 
 RELEASE_BYTES = 16 << 20
 # What one read may add to the resident set: Linux maps a whole 2 MiB folio of the page cache at a fault.
@@ -110,14 +109,8 @@ class TokenDataset(Dataset):
         if not 0 <= index < self._len:
             raise IndexError(f"window {index} of {self._len}")
         size = self.seq_len + 1
-        start = index * size
-        k = bisect.bisect_right(self._starts, start) - 1
-        pieces = []
-        while size:
-            offset = start - self._starts[k]
-            piece = self._shard(k)[offset : offset + size]
-            pieces.append(piece)
-            start, size, k = start + len(piece), size - len(piece), k + 1
+        pieces = [self._shard(k)[offset : offset + count]
+                  for k, offset, count in window_pieces(self._starts, index * size, size)]
         joined = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         window = torch.from_numpy(joined.astype(np.int64))  # a copy: nothing points into a map
         self._unreleased += len(pieces) * MAPPED_PER_READ + window.numel() * self._dtype.itemsize

@@ -12,11 +12,12 @@ span two shards). Torch-free and numpy-free: the operator may read manifests.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 from ...checkpoint.store import verify_files
 from ...files import write_atomic
@@ -142,6 +143,13 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
     write_atomic(folder / MANIFEST, manifest_json(manifest))
 
 
+def no_manifest(where: str) -> DataError:
+    return DataError(
+        f"{where}: not a token dataset (no {MANIFEST}; `braintrain prepare` writes it last, "
+        "so the folder is incomplete or was never prepared)"
+    )
+
+
 def read_manifest(folder: str | Path) -> Manifest:
     """The manifest of a prepared dataset, or DataError naming the folder or file."""
     folder = Path(folder)
@@ -151,12 +159,14 @@ def read_manifest(folder: str | Path) -> Manifest:
     except FileNotFoundError:
         if not folder.is_dir():
             raise DataError(f"{folder}: no such folder") from None
-        raise DataError(
-            f"{folder}: not a token dataset (no {MANIFEST}; `braintrain prepare` writes it last, "
-            "so the folder is incomplete or was never prepared)"
-        ) from None
+        raise no_manifest(str(folder)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: unreadable: {exc}") from None
+    return parse_manifest(text, str(path))
+
+
+def parse_manifest(text: str, path: str) -> Manifest:
+    """The manifest in `text`, read from `path` (a file or a URI, for the error); DataError naming it."""
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -177,6 +187,43 @@ def verify_split(folder: str | Path, manifest: Manifest, split: str) -> None:
     problems = verify_files(Path(folder), files, files)
     if problems:
         raise DataError("; ".join(f"{Path(folder) / p}" for p in problems))
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """What an object store says of a shard without reading it: its size and, where it keeps one, its CRC-32."""
+
+    size: int
+    crc32: Optional[str] = None
+
+
+def object_problems(manifest: Manifest, split: str, found: Mapping[str, Optional[StoredObject]]) -> list[str]:
+    """Problems of a split's shards as a store lists them (None: missing), in verify_split's words; [] when all
+    match. A shard whose store keeps no CRC-32 is checked for size alone."""
+    problems = []
+    for shard in manifest.split(split).shards:
+        stored, size = found.get(shard.name), shard.tokens * manifest.itemsize
+        if stored is None:
+            problems.append(f"{shard.name}: missing")
+        elif stored.size != size:
+            kind = "truncated" if stored.size < size else "grown"
+            problems.append(f"{shard.name}: {stored.size} bytes, manifest says {size} ({kind})")
+        elif stored.crc32 is not None and stored.crc32 != shard.crc32:
+            problems.append(f"{shard.name}: checksum {stored.crc32}, manifest says {shard.crc32} (corrupted)")
+    return problems
+
+
+def window_pieces(starts: Sequence[int], start: int, size: int) -> list[tuple[int, int, int]]:
+    """(shard, offset in it, tokens) of the `size` tokens from stream position `start`; `starts` are the shards'
+    first positions followed by the stream's length. A window crossing a shard boundary has two pieces."""
+    k = bisect.bisect_right(starts, start) - 1
+    pieces = []
+    while size:
+        offset = start - starts[k]
+        count = min(size, starts[k + 1] - start)
+        pieces.append((k, offset, count))
+        start, size, k = start + count, size - count, k + 1
+    return pieces
 
 
 def check_seq_len(manifest: Manifest, seq_len: int, splits: Iterable[str] = SPLITS, *, where: str = "") -> None:

@@ -11,6 +11,7 @@ import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Iterator, Optional
 
+from ...files import BUCKET_SCHEMES, uri_scheme
 from ...schema import ConfigError, FieldError, Names, from_dict, setting
 
 MIN_TRAINED_VOCAB = 257  # the 256 byte symbols and the end-of-text token
@@ -24,7 +25,8 @@ class PrepareOptions:
     inputs: list[str] = setting(help="text files (one document each), JSON Lines (.jsonl, one record each), "
                                      "Parquet (.parquet, one row each), or quoted globs of them ('**' recurses); "
                                      "gzip, bzip2 and Zstandard files are read as what they hold")
-    out: str = setting(help="the dataset folder to create")
+    out: str = setting(help="the dataset folder to create, or s3://bucket/prefix (written locally, then uploaded; "
+                            "the manifest last)")
     tokenizer: str = setting("bytes", help="bytes (built in: UTF-8 bytes and an end-of-text id), "
                                            "or the path of a Hugging Face tokenizer.json")
     train_tokenizer: bool = setting(False, help="train a byte-level BPE on the training split and store it")
@@ -43,6 +45,9 @@ class PrepareOptions:
     force: bool = setting(False, help="replace OUT if it holds a dataset prepared before")
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        scheme = uri_scheme(self.out)
+        if scheme is not None and scheme not in BUCKET_SCHEMES:
+            yield "out", f"scheme {scheme}:// is not supported (a folder or s3://bucket/prefix), got {self.out!r}"
         if self.train_tokenizer and self.vocab_size is None:
             yield "vocab_size", "required with --train-tokenizer"
         if self.vocab_size is not None and not self.train_tokenizer:

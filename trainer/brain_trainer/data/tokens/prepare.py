@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -26,10 +27,13 @@ from typing import Iterable, Iterator, Optional, Sequence, TextIO
 
 import numpy as np
 
+from ...files import uri_scheme
 from ...schema import ConfigError
+from .bucket import BucketFolder
 from .corpus import Corpus, CorpusError, expand
 from .format import TOKENIZER_FILE, DataError, Manifest, dtype_for, in_validation
 from .options import DESCRIPTION, PrepareOptions, add_arguments, options_from
+from .publish import check_bucket_destination, publish
 from .report import PassProgress
 from .tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, parse_tokenizer, train_bpe
 from .writer import DatasetWriter, check_destination
@@ -161,10 +165,23 @@ def choose_tokenizer(options: PrepareOptions, corpus: Corpus, stream: TextIO) ->
 
 
 def prepare(options: PrepareOptions, stream: TextIO = sys.stderr) -> Manifest:
-    """Make the dataset folder `options.out`; progress goes to `stream`. Returns its manifest."""
+    """Make the dataset folder (or s3://bucket/prefix) `options.out`; progress goes to `stream`. Returns its manifest."""
     corpus = Corpus(expand(options.inputs), options.text_field, options.skip_bad)
-    out = Path(options.out)
-    check_destination(out, options.force)  # before a tokenizer is trained for nothing
+    if uri_scheme(options.out) is None:
+        out = Path(options.out)
+        check_destination(out, options.force)  # before a tokenizer is trained for nothing
+        return write_dataset(options, corpus, out, stream)
+    folder = BucketFolder(options.out)
+    check_bucket_destination(folder, options.force)
+    with tempfile.TemporaryDirectory(prefix="braintrain-prepare-") as tmp:
+        local = Path(tmp) / "dataset"
+        manifest = write_dataset(options, corpus, local, stream)
+        publish(local, folder, manifest)
+    return manifest
+
+
+def write_dataset(options: PrepareOptions, corpus: Corpus, out: Path, stream: TextIO) -> Manifest:
+    """Tokenize the corpus into the dataset folder `out` (the writer commits it atomically)."""
     tokenizer = choose_tokenizer(options, corpus, stream)
     dtype = dtype_for(tokenizer.vocab_size)
     with DatasetWriter(out, dtype, options.shard_tokens, force=options.force) as writer:

@@ -8,18 +8,35 @@ rank with one line naming data.path or model.vocab_size, before training.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ...config import TrainerConfig
+from ...files import BUCKET_SCHEMES, uri_scheme
 from ...schema import ConfigError, FieldError
 from ..errors import DataError
 from .dataset import TokenDataset
 
+if TYPE_CHECKING:
+    from .streamed import BucketTokenDataset
 
-def open_split(path: str, seq_len: int, split: str) -> TokenDataset:
+
+def token_split(path: str, seq_len: int, split: str) -> TokenDataset | BucketTokenDataset:
+    """`split` of the dataset at `path`: a folder, or an s3://bucket/prefix read by ranges (streamed.py)."""
+    scheme = uri_scheme(path)
+    if scheme is None:
+        return TokenDataset(path, seq_len, split)
+    if scheme not in BUCKET_SCHEMES:
+        raise DataError(f"scheme {scheme}:// is not supported: a token dataset is a local folder or "
+                        f"s3://bucket/prefix, got {path!r}")
+    from .streamed import BucketTokenDataset  # only a bucket's dataset pays for its imports
+
+    return BucketTokenDataset(path, seq_len, split)
+
+
+def open_split(path: str, seq_len: int, split: str) -> TokenDataset | BucketTokenDataset:
     """`split` of the dataset at `path`, verified; DataError on data.path naming the file and the problem."""
     try:
-        return TokenDataset(path, seq_len, split)
+        return token_split(path, seq_len, split)
     except DataError as exc:
         raise DataError(str(exc), field="data.path") from None  # the setting that led to the file
 
@@ -45,7 +62,8 @@ def follow_vocabulary(cfg: TrainerConfig, vocab_size: int) -> TrainerConfig:
     )
 
 
-def token_source(cfg: TrainerConfig, train_split: TokenDataset) -> tuple[TrainerConfig, Optional[TokenDataset]]:
+def token_source(cfg: TrainerConfig, train_split: TokenDataset | BucketTokenDataset
+                 ) -> tuple[TrainerConfig, Optional[TokenDataset | BucketTokenDataset]]:
     """(the config with the dataset's vocabulary, the validation split when training.eval_interval asks for it)."""
     cfg = follow_vocabulary(cfg, train_split.vocab_size)
     held_out = open_split(cfg.data.path, cfg.training.seq_len, "validation") if cfg.training.eval_interval else None
