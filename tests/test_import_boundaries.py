@@ -27,7 +27,7 @@ LAYERS = (
     ("resilience", "observe"),
     ("plan",),
     ("config",),
-    ("contract",),
+    ("contract", "uris"),
     ("schema", "files", "version", "lazy"),
 )
 LAYER = {room: depth for depth, rooms in enumerate(LAYERS) for room in rooms}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "brain_operator"
 
-PURE = frozenset({"config", "plan", "contract", "schema", "version"})
+PURE = frozenset({"config", "plan", "contract", "uris", "schema", "version"})
 SHELLS = {
     # argument parsers of `braintrain export` and `prepare`, and the commands export, prepare, doctor, generate
     # and eval (hf and inference are imported when those commands run)

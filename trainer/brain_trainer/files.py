@@ -2,17 +2,13 @@
 
 The checkpoint manifest, a dataset's manifest, the goodput ledger (which must
 outlive the trainer) and the progress document all go through `write_atomic`.
-`uri_scheme` tells a folder from an object-store URI, for the config's checks
-and the readers alike.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -45,13 +41,3 @@ def write_atomic(path: str | os.PathLike, text: str, *, durable: bool = True) ->
         raise
     if durable:
         fsync_dir(final.parent)
-
-
-BUCKET_SCHEMES = ("s3",)  # object stores the trainer reads and writes (S3 and S3-compatible ones)
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
-def uri_scheme(path: str) -> Optional[str]:
-    """The scheme of a URI (`s3` of `s3://bucket/prefix`), lowercased; None for a plain path."""
-    match = _SCHEME.match(path)
-    return match.group(1).lower() if match else None

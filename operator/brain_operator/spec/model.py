@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 from brain_trainer.config import CheckpointConfig, DataConfig, TrainerSections
 from brain_trainer.plan.layout import micro_batch_problems, micro_batches_field, spread_problems, world_problems
 from brain_trainer.schema import Names, quoted, setting
+from brain_trainer.uris import is_uri, uri_problem
 
 from ..objects.schedulers import GANG_MODES, GANG_NONE, NATIVE_POD_GROUP
 from .corev1 import core_problems, core_setting
@@ -36,7 +37,7 @@ from .kube import (
     SUBDOMAIN_PATTERN,
 )
 from .overlay import PodTemplateOverlay, job_problems, trainer_env_paths, within
-from .store import endpoint_problem, has_scheme, uri_problem
+from .store import endpoint_problem
 from .topology import topology_problems
 from .owned import CONFIG_DIR, SHM_DIR
 
@@ -179,7 +180,7 @@ class DataSpec(DataConfig):
         yield from ((f, m) for f, m in super().check(name) if self.uri is None or f != "path")
         if self.volume is not None and self.path is not None and not within(self.path, self.volume.mount_path):
             yield "path", f"must be {name('volume.mount_path')} ({self.volume.mount_path}) or lie below it, got {quoted(self.path)}"
-        if self.path is not None and has_scheme(self.path):
+        if self.path is not None and is_uri(self.path):
             yield "path", f"a URI goes in {name('uri')}, got {quoted(self.path)}"
         if self.uri is None:
             return

@@ -19,8 +19,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Mapping, Union
 
-from ..config.sections import checkpoint_dir_problem
 from ..schema import ConfigError, FieldError
+from ..uris import is_uri, place_problem
 from . import bucket, store
 from .bucket import BucketPath
 from .bucket_lease import BucketLease
@@ -34,10 +34,10 @@ def root_of(value: str | os.PathLike) -> Root:
     if isinstance(value, (Path, BucketPath)):
         return value
     text = os.fspath(value)
-    problem = checkpoint_dir_problem(text)
+    problem = place_problem(text)
     if problem is not None:
         raise ConfigError([FieldError("checkpoint.dir", problem)])
-    if text.partition("://")[1]:
+    if is_uri(text):
         return BucketPath.of(text)
     return Path(text)
 

@@ -17,8 +17,8 @@ from typing import Any, Iterator, Optional
 import yaml
 
 from ..contract import METRICS_PORT
-from ..files import BUCKET_SCHEMES, uri_scheme
 from ..schema import ConfigError, FieldError, Names, from_dict, quoted, setting, to_dict, trainer_spelling
+from ..uris import is_uri, place_problem, uri_problem
 from . import kubeyaml
 from .presets import MODEL_PRESETS, VOCAB_SIZE, pipeline_unit_count
 
@@ -38,29 +38,6 @@ INTERLEAVED = "interleaved-1f1b"  # the schedule that runs several (virtual) sta
 AUTO = "auto"
 # checkpoint.resume_from: the newest committed checkpoint, or none (from scratch); else a committed step.
 RESUME_LATEST, RESUME_NONE = "latest", "none"
-# checkpoint.dir: a path (a volume), or a URI of an object store of these schemes (checkpoint/location.py).
-# S3 (and S3-compatible stores) is the one tested here; gs:// and others are refused until they are.
-CHECKPOINT_SCHEMES = ("s3",)
-
-
-def uri_scheme(value: str) -> Optional[str]:
-    """The scheme of `scheme://...`, lower-cased; None for a plain path."""
-    head, sep, _ = value.partition("://")
-    return head.lower() if sep and head.isascii() and head.isalnum() else None
-
-
-def checkpoint_dir_problem(value: str) -> Optional[str]:
-    """Why checkpoint.dir names no place checkpoints can live, or None."""
-    scheme = uri_scheme(value)
-    if scheme is None:
-        return None
-    if scheme not in CHECKPOINT_SCHEMES:
-        return (f"scheme {scheme}:// is not supported (a path, or s3://bucket/prefix on S3 or an S3-compatible "
-                f"store), got {quoted(value)}")
-    if not value.partition("://")[2].split("/")[0]:
-        return f"names no bucket (s3://bucket/prefix), got {quoted(value)}"
-    return None
-
 ENTRYPOINT_PATTERN = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
 
 
@@ -306,10 +283,12 @@ class DataConfig:
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
         if self.source in ("files", "tokens") and not self.path:
             yield "path", f"required when source is {self.source!r}"
-        scheme = uri_scheme(self.path) if self.path and self.source != "synthetic" else None
-        if scheme is not None and (self.source != "tokens" or scheme not in BUCKET_SCHEMES):
-            reads = "a local folder or s3://bucket/prefix" if self.source == "tokens" else "local files only"
-            yield "path", f"scheme {scheme}:// is not supported: source {self.source!r} reads {reads}, got {self.path!r}"
+        if self.path and self.source == "files" and is_uri(self.path):
+            yield "path", f"source 'files' reads local files only, got {quoted(self.path)}"
+        elif self.path and self.source == "tokens" and is_uri(self.path):
+            problem = uri_problem(self.path)
+            if problem is not None:
+                yield "path", problem
 
 
 @dataclass
@@ -348,7 +327,7 @@ class CheckpointConfig:
         steps = self.interval_steps
         if isinstance(steps, str) and steps != AUTO or isinstance(steps, int) and steps < 0:
             yield "interval_steps", f"must be a number of steps >= 0 or {AUTO}, got {quoted(steps)}"
-        problem = checkpoint_dir_problem(self.dir)
+        problem = place_problem(self.dir)
         if problem is not None:
             yield "dir", problem
         if self.resume_from not in (RESUME_LATEST, RESUME_NONE) and self.resume_step() is None:
@@ -356,7 +335,7 @@ class CheckpointConfig:
 
     def local_folder(self) -> Optional[Path]:
         """checkpoint.dir as a local folder, for the run's side files (goodput ledger, profiles); None on a bucket."""
-        return None if uri_scheme(self.dir) else Path(self.dir)
+        return None if is_uri(self.dir) else Path(self.dir)
 
     def resume_step(self) -> Optional[int]:
         """The step `resume_from` names (a number, or its digits as text: a quoted manifest value), else None."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
-from ...files import BUCKET_SCHEMES, uri_scheme
+from ...uris import uri_problem
 from ..errors import DataError
 from .format import StoredObject
 
@@ -54,11 +54,9 @@ class BucketFolder:
     uri: str
 
     def __post_init__(self) -> None:
-        scheme = uri_scheme(self.uri)
-        if scheme not in BUCKET_SCHEMES:
-            raise DataError(f"scheme {scheme}:// is not supported (s3:// or a local folder), got {self.uri!r}")
-        if not self.uri[len("s3://"):].strip("/"):
-            raise DataError(f"{self.uri}: names no bucket")
+        problem = uri_problem(self.uri.rstrip("/"))
+        if problem is not None:
+            raise DataError(problem)
         object.__setattr__(self, "uri", self.uri.rstrip("/"))
 
     @property

@@ -11,8 +11,8 @@ import typing
 from dataclasses import MISSING, dataclass
 from typing import Any, Iterator, Optional
 
-from ...files import BUCKET_SCHEMES, uri_scheme
 from ...schema import ConfigError, FieldError, Names, from_dict, setting
+from ...uris import place_problem
 
 MIN_TRAINED_VOCAB = 257  # the 256 byte symbols and the end-of-text token
 DESCRIPTION = "Turn a corpus into a token dataset folder (docs/data.md)."
@@ -45,9 +45,9 @@ class PrepareOptions:
     force: bool = setting(False, help="replace OUT if it holds a dataset prepared before")
 
     def check(self, name: Names) -> Iterator[tuple[str, str]]:
-        scheme = uri_scheme(self.out)
-        if scheme is not None and scheme not in BUCKET_SCHEMES:
-            yield "out", f"scheme {scheme}:// is not supported (a folder or s3://bucket/prefix), got {self.out!r}"
+        problem = place_problem(self.out)
+        if problem is not None:
+            yield "out", problem
         if self.train_tokenizer and self.vocab_size is None:
             yield "vocab_size", "required with --train-tokenizer"
         if self.vocab_size is not None and not self.train_tokenizer:

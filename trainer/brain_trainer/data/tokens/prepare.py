@@ -27,8 +27,8 @@ from typing import Iterable, Iterator, Optional, Sequence, TextIO
 
 import numpy as np
 
-from ...files import uri_scheme
 from ...schema import ConfigError
+from ...uris import is_uri
 from .bucket import BucketFolder
 from .corpus import Corpus, CorpusError, expand
 from .format import TOKENIZER_FILE, DataError, Manifest, dtype_for, in_validation
@@ -167,7 +167,7 @@ def choose_tokenizer(options: PrepareOptions, corpus: Corpus, stream: TextIO) ->
 def prepare(options: PrepareOptions, stream: TextIO = sys.stderr) -> Manifest:
     """Make the dataset folder (or s3://bucket/prefix) `options.out`; progress goes to `stream`. Returns its manifest."""
     corpus = Corpus(expand(options.inputs), options.text_field, options.skip_bad)
-    if uri_scheme(options.out) is None:
+    if not is_uri(options.out):
         out = Path(options.out)
         check_destination(out, options.force)  # before a tokenizer is trained for nothing
         return write_dataset(options, corpus, out, stream)

@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
 from ...config import TrainerConfig
-from ...files import BUCKET_SCHEMES, uri_scheme
 from ...schema import ConfigError, FieldError
+from ...uris import is_uri, uri_problem
 from ..errors import DataError
 from .dataset import TokenDataset
 
@@ -22,12 +22,11 @@ if TYPE_CHECKING:
 
 def token_split(path: str, seq_len: int, split: str) -> TokenDataset | BucketTokenDataset:
     """`split` of the dataset at `path`: a folder, or an s3://bucket/prefix read by ranges (streamed.py)."""
-    scheme = uri_scheme(path)
-    if scheme is None:
+    if not is_uri(path):
         return TokenDataset(path, seq_len, split)
-    if scheme not in BUCKET_SCHEMES:
-        raise DataError(f"scheme {scheme}:// is not supported: a token dataset is a local folder or "
-                        f"s3://bucket/prefix, got {path!r}")
+    problem = uri_problem(path)
+    if problem is not None:
+        raise DataError(problem)
     from .streamed import BucketTokenDataset  # only a bucket's dataset pays for its imports
 
     return BucketTokenDataset(path, seq_len, split)
