@@ -28,7 +28,7 @@ LAYERS = (
     ("plan",),
     ("config",),
     ("contract", "uris"),
-    ("schema", "files", "version", "lazy"),
+    ("schema", "files", "version", "lazy", "s3"),
 )
 LAYER = {room: depth for depth, rooms in enumerate(LAYERS) for room in rooms}
 

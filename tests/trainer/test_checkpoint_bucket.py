@@ -36,6 +36,7 @@ from brain_trainer.config import CheckpointConfig, load_config
 from brain_trainer.model.export import export
 from brain_trainer.contract import CONFIG_ERROR_REASON, FENCED, step_dir_name
 from brain_trainer.resilience.failures import Fatal
+from brain_trainer.s3 import client as s3_client
 from brain_trainer.schema import ConfigError
 
 HERE = Path(__file__).parent
@@ -43,14 +44,10 @@ HERE = Path(__file__).parent
 
 @pytest.fixture
 def s3env(s3, monkeypatch):
-    """This process (and the ranks it forks) reaching the S3 server; the clients made anew for it."""
+    """This process (and the ranks it forks) reaching the S3 server (s3.py makes clients per endpoint)."""
     for name, value in s3.env.items():
         monkeypatch.setenv(name, value)
-    bucket._client_made.cache_clear()
-    bucket._filesystem_made.cache_clear()
-    yield s3
-    bucket._client_made.cache_clear()
-    bucket._filesystem_made.cache_clear()
+    return s3
 
 
 def _manager(root: str, rank: int = 0, world_size: int = 1, keep_last: int = 5) -> CheckpointManager:
@@ -158,8 +155,8 @@ def hostile_metadata(rank: int, world_size: int, uri: str, marker: str) -> tuple
     _save(uri, 4, rank, world_size)
     if rank == 0:
         folder = location.root_of(uri) / step_dir_name(4)
-        bucket.client().put_object(Bucket=folder.bucket, Key=(folder / shards.METADATA_FILE).key,
-                                   Body=pickle.dumps(Payload(Path(marker))))
+        s3_client().put_object(Bucket=folder.bucket, Key=(folder / shards.METADATA_FILE).key,
+                               Body=pickle.dumps(Payload(Path(marker))))
         manifest = bucket.read_manifest(folder)
         manifest["files"][shards.METADATA_FILE] = bucket.object_digest(folder / shards.METADATA_FILE)
         bucket.write_text(folder / store.MANIFEST, json.dumps(manifest))
@@ -224,7 +221,6 @@ def test_a_missing_bucket_denied_access_and_an_unreachable_endpoint_are_named(s3
     assert bucket.explain(denied, root).startswith("access denied (AccessDenied)")
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard: nothing listens
-    bucket._client_made.cache_clear()
     with pytest.raises(Fatal) as refused:
         _manager("s3://any/prefix").restore(_state())
     assert refused.value.reason == CONFIG_ERROR_REASON

@@ -16,19 +16,14 @@ unfinished multipart uploads) at start. Deleting goes the other way: the manifes
 deleted is an uncommitted one, never a torn committed one. Moving (set aside, quarantine) is a server-side
 copy of every object, the manifest last, then that delete.
 
-The endpoint is AWS_ENDPOINT_URL's (else AWS's own), the credentials boto's default chain's (environment, a
-mounted profile, the pod's service account): nothing of either is in a manifest or a config.
-
-Torch-free; boto3 and s3fs are imported when first used.
+The endpoint and credentials are the environment's (s3.py). Torch-free.
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import logging
-import threading
 import uuid
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
@@ -36,6 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 from ..contract import CHECKPOINT_PREFIX, format_time, step_dir_name, step_of
 from ..contract import MANIFEST_FILE as MANIFEST
+from ..s3 import client
 from .store import (
     CORRUPT_SUFFIX,
     MANIFEST_FORMAT,
@@ -53,7 +49,6 @@ SCHEME = "s3://"
 _CHUNK = 8 << 20
 _MAX_MANIFEST = 64 << 20  # a manifest lists files, a few hundred bytes each: anything this large is not one
 _DELETE_BATCH = 1000  # S3's most keys in one DeleteObjects call
-BLOCK = 32 << 20  # s3fs's buffer: one multipart part of a shard upload, one read-ahead (10,000 parts: 320 GB files)
 
 
 class BucketPath(PurePosixPath):
@@ -84,43 +79,6 @@ class BucketPath(PurePosixPath):
         return self.key + "/" if self.key else ""
 
 
-# -- the clients: one each per process, thread-safe once made --
-
-_made = threading.Lock()
-
-
-def _config() -> dict[str, Any]:
-    # A few tries, not botocore's default of a minute per connection: an unreachable endpoint is named in seconds.
-    return {"connect_timeout": 10, "read_timeout": 120, "retries": {"max_attempts": 3, "mode": "standard"}}
-
-
-@functools.lru_cache(maxsize=1)
-def _client_made() -> Any:
-    import boto3
-    from botocore.config import Config
-
-    return boto3.session.Session().client("s3", config=Config(**_config()))
-
-
-def client() -> Any:
-    """boto3's S3 client (endpoint: AWS_ENDPOINT_URL, credentials: boto's chain)."""
-    with _made:
-        return _client_made()
-
-
-@functools.lru_cache(maxsize=1)
-def _filesystem_made() -> Any:
-    import s3fs
-
-    # No listing cache: another job, or this job's other ranks, change the prefix under us.
-    return s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True, default_block_size=BLOCK,
-                             config_kwargs=_config())
-
-
-def filesystem() -> Any:
-    """s3fs's file system, for DCP's shard streams (multipart uploads, ranged reads)."""
-    with _made:
-        return _filesystem_made()
 
 
 def error_code(exc: BaseException) -> Optional[str]:

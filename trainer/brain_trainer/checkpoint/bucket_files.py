@@ -1,7 +1,7 @@
 """DCP's file system on a bucket (shards.py's writer and reader use it for an s3:// checkpoint).
 
 Writing streams: each shard file is an s3fs file whose buffer is uploaded as a multipart part whenever it
-fills (bucket.BLOCK bytes), while DCP goes on serialising; nothing is staged on local disk. Every rank writes its
+fills (s3.PART_BYTES), while DCP goes on serialising; nothing is staged on local disk. Every rank writes its
 own files, each with `UPLOAD_THREADS` of DCP's writer threads (one file per thread), so a save uploads
 ranks x threads parts at once. An upload is complete when its file closes; a crash leaves an unfinished
 multipart upload, which the next holder aborts (bucket.remove_stale).
@@ -17,7 +17,7 @@ from typing import Any
 
 from torch.distributed.checkpoint._fsspec_filesystem import FileSystem as FsspecFileSystem
 
-from . import bucket
+from ..s3 import filesystem
 from .store import ChecksummingWriter
 
 UPLOAD_THREADS = 4  # DCP's writer threads per rank on a bucket: parallel multipart uploads
@@ -31,14 +31,14 @@ class StreamChecksummer(ChecksummingWriter):
 
 
 class ObjectFiles(FsspecFileSystem):
-    """DCP's fsspec file system, on this process's s3fs client (bucket.filesystem: endpoint and credentials
-    from the environment, no listing cache)."""
+    """DCP's fsspec file system, on this process's s3fs client (s3.py: endpoint and credentials from the
+    environment, no listing cache)."""
 
     checksummer = StreamChecksummer
 
     def __init__(self) -> None:
         super().__init__()
-        self.fs = bucket.filesystem()
+        self.fs = filesystem()
 
     def init_path(self, path: str | os.PathLike, **kwargs: Any) -> str | os.PathLike:
         return path

@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 from ..contract import FENCED
 from ..resilience.failures import Fatal
+from ..s3 import client
 from . import bucket
 from .bucket import BucketPath
 from .lease import (
@@ -68,7 +69,7 @@ def read_newest(root: BucketPath) -> Optional[Record]:
 def put(path: BucketPath, text: str, **condition: str) -> Optional[str]:
     """PUT under a condition (IfNoneMatch or IfMatch); the new ETag, or None when the condition did not hold."""
     try:
-        reply = bucket.client().put_object(Bucket=path.bucket, Key=path.key, Body=text.encode("utf-8"), **condition)
+        reply = client().put_object(Bucket=path.bucket, Key=path.key, Body=text.encode("utf-8"), **condition)
     except Exception as exc:
         if bucket.error_code(exc) in _LOST + _GONE:
             return None

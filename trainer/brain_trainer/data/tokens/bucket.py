@@ -1,19 +1,18 @@
 """A token dataset's folder in an object store (`s3://bucket/prefix`), through s3fs: the only module that talks to it.
 
-The endpoint comes from AWS_ENDPOINT_URL and the credentials from boto's default chain (environment, a mounted
-profile, the pod's service account), as the AWS tools read them: nothing here names either. Errors are DataError
-naming the object's URI. Torch- and numpy-free; s3fs loads on first use.
+The endpoint and credentials are the environment's (s3.py, the process's one s3fs client, made anew in a
+DataLoader worker). Errors are DataError naming the object's URI. Torch- and numpy-free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, TypeVar
 
+from ...s3 import filesystem
 from ...uris import uri_problem
 from ..errors import DataError
 from .format import StoredObject
@@ -23,19 +22,6 @@ from .format import StoredObject
 SINGLE_PUT_BYTES = 5 << 30
 T = TypeVar("T")
 _RAISE = object()  # _call's default: a missing object is an error
-
-_filesystems: dict[int, Any] = {}
-
-
-def filesystem() -> Any:
-    """This process's S3 file system: s3fs's event loop does not survive a fork (DataLoader workers), so one per pid."""
-    pid = os.getpid()
-    if pid not in _filesystems:
-        import s3fs  # aiobotocore: a second of imports that only a bucket needs
-
-        _filesystems.clear()
-        _filesystems[pid] = s3fs.S3FileSystem(skip_instance_cache=True)
-    return _filesystems[pid]
 
 
 def crc32_base64(crc32_hex: str) -> str:
