@@ -78,6 +78,16 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from brain_trainer.checkpoint.listing import ListingError, list_location
+
+    try:
+        print("\n".join(list_location(args.location)))
+    except ListingError as exc:
+        raise CliError(str(exc)) from None
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from .local.run import request_profile
 
@@ -298,9 +308,14 @@ def _manifest_commands(command: Command) -> None:
 
 
 def _model_commands(command: Command) -> None:
-    """Data and models around a run: prepare, export, generate, eval."""
+    """Data and models around a run: prepare, checkpoints, export, generate, eval."""
     p = command("prepare", cmd_prepare, "turn a corpus into a token dataset folder for data.source tokens")
     add_prepare_arguments(p)
+
+    p = command("checkpoints", cmd_checkpoints, "list the committed checkpoints of a folder or an s3:// prefix: step, "
+                "time, size, world size and layout, the latest marked; what is not committed is named below")
+    p.add_argument("location", metavar="LOCATION", help="a checkpoint folder (checkpoint.dir, a claim's folder) or "
+                   "s3://bucket/prefix (endpoint and credentials from the environment: AWS_ENDPOINT_URL, ...)")
 
     p = command("export", cmd_export, "write a checkpoint's model as Hugging Face transformers loads it (safetensors, config, code, tokenizer)")
     add_export_arguments(p)

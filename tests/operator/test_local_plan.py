@@ -198,6 +198,8 @@ def test_localize_expands_the_stdlib_placeholder_and_relative_paths():
     ("~/model.safetensors", "~/model.safetensors"),
     # On the checkpoint claim, as a pod sees it: the claim's local folder.
     ("/checkpoints/export/model.safetensors", str(CLAIM / "export" / "model.safetensors")),
+    # In an object store: the trainers read the URI itself.
+    ("s3://team-ckpt/run-1/step-00000040", "s3://team-ckpt/run-1/step-00000040"),
 ])
 def test_init_from_is_read_from_where_the_manifest_and_the_claim_are(init_from, local):
     job = parse_job(manifest(model={"initFrom": init_from}), require_image=False)

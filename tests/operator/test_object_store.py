@@ -18,6 +18,7 @@ from brain_operator.reconcile import reconcile
 from brain_operator.local.dataset import job_vocabulary
 from brain_operator.sizing.storage import storage_lines
 from brain_operator.spec import API_VERSION, KIND, parse_job
+from brain_trainer.schema import ConfigError
 
 ENDPOINT = "https://minio.storage.svc:9000"
 SIDECAR = {"name": "proxy", "image": "registry.example/proxy:1"}
@@ -100,3 +101,13 @@ def test_status_names_the_last_checkpoint_in_the_store():
     reconcile(cluster.get_job("team-a", "llm"), cluster, now, progress=doc)
     assert cluster.get_job("team-a", "llm")["status"]["lastCheckpoint"] == {
         "step": 25, "path": "s3://team-a-ckpt/llm/step-00000025"}
+
+
+def test_an_s3_init_from_is_served_by_the_object_store_and_another_scheme_is_refused():
+    # Checkpoints on a claim, the first weights from a bucket: the store's endpoint reaches the trainer all the same.
+    job = manifest(store={"endpoint": ENDPOINT}, checkpoint={"claimName": "ckpt"},
+                   model={"initFrom": "s3://team-a-ckpt/base/step-00000040"})
+    pods = [s for s in pod_specs(render(parse_job(job))) if s]
+    assert pods and all({"name": "AWS_ENDPOINT_URL", "value": ENDPOINT} in s["containers"][0]["env"] for s in pods)
+    with pytest.raises(ConfigError, match=r"spec\.model\.initFrom: scheme 'gs' is not supported"):
+        parse_job(manifest(model={"initFrom": "gs://team-a-ckpt/base"}))

@@ -15,8 +15,8 @@ OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "brain_operator"
 PURE = frozenset({"config", "plan", "contract", "uris", "schema", "version"})
 SHELLS = {
     # argument parsers of `braintrain export` and `prepare`, and the commands export, prepare, doctor, generate
-    # and eval (hf and inference are imported when those commands run)
-    "brain_operator.cli": {"data", "hf", "inference", "model", "resilience"},
+    # and eval (hf and inference are imported when those commands run); `checkpoints` lists a location's steps
+    "brain_operator.cli": {"checkpoint", "data", "hf", "inference", "model", "resilience"},
     # `braintrain run`: the checkpoints it resumes from and sets aside, a free port for the local rendezvous
     "brain_operator.local.run": {"checkpoint", "parallel"},
     # reads a token dataset's manifest (the trainer's format) for the vocabulary the trainer will give the model

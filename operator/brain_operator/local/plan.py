@@ -41,6 +41,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Mapping, Optional
 
 from brain_trainer.config import TrainerConfig
+from brain_trainer.uris import is_uri
 from brain_trainer.contract import (
     AGENT_MODULE,
     CONFIG_FILE,
@@ -157,7 +158,8 @@ def localize(job: Job, *, base_dir: Path, stdlib: Path) -> Job:
 
     `{stdlib}` expands to the Python standard library's folder; a relative
     path is taken relative to the manifest's folder, as its reader sees it
-    (the trainers run in the work directory, where it would mean nothing).
+    (the trainers run in the work directory, where it would mean nothing). An
+    s3:// URI stays as it is.
     """
     data = replace(job.spec.data, path=_local_path(job.spec.data.path, base_dir, stdlib))
     model = replace(job.spec.model, init_from=_local_path(job.spec.model.init_from, base_dir, stdlib))
@@ -165,7 +167,7 @@ def localize(job: Job, *, base_dir: Path, stdlib: Path) -> Job:
 
 
 def _local_path(path: Optional[str], base_dir: Path, stdlib: Path) -> Optional[str]:
-    if not path or PurePosixPath(path).is_absolute() or path.startswith("~"):
+    if not path or is_uri(path) or PurePosixPath(path).is_absolute() or path.startswith("~"):
         return path
     if path.startswith(STDLIB_PLACEHOLDER):
         return str(stdlib) + path[len(STDLIB_PLACEHOLDER) :]

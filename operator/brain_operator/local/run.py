@@ -13,6 +13,11 @@ the reason. Ctrl-C or SIGTERM is passed on the same way: the trainers commit a
 checkpoint and exit. On Linux the runner adopts the trainers of an agent
 that died abruptly (torchrun starts them in sessions of their own) and ends
 them with their pod, so nothing outlives it.
+
+Checkpoints in an object store (`spec.checkpoint.uri`) are read as the
+trainers read them (brain_trainer.checkpoint.location), with the user's own
+endpoint and credentials: the runner names the step it resumes from, the
+summary the newest committed one, as for a folder.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator, Mapping, Optional, TextIO
 
-from brain_trainer.checkpoint import resume_from
-from brain_trainer.checkpoint.store import Candidate, list_checkpoints, set_aside_folders
+from brain_trainer.checkpoint import bucket, location, resume_from
+from brain_trainer.checkpoint.store import Candidate
 from brain_trainer.contract import (
     CHECKPOINT_REQUEST_FILE,
     CONFIG_FILE,
@@ -418,14 +423,23 @@ def _failure(worker: LocalWorker, code: int, plan: LocalPlan) -> WorkerFailure:
     return WorkerFailure(worker.name, reason, line, plan.job.spec.run_policy.failure_policy.action(reason))
 
 
-def newest_committed(root: Path) -> Optional[Candidate]:
-    """The newest checkpoint with a manifest (what the trainer resumes from)."""
-    return next((c for c in list_checkpoints(root) if c.manifest is not None), None)
+def checkpoint_root(plan: LocalPlan) -> Optional[location.Root]:
+    """Where the trainers keep their checkpoints: the local folder, or the object store's prefix (checkpoint.uri)."""
+    if plan.checkpoint_dir is not None:
+        return plan.checkpoint_dir
+    uri = plan.job.spec.checkpoint.uri
+    return location.root_of(uri) if uri is not None else None
 
 
-def _set_aside(plan: LocalPlan) -> list[Path]:
-    """The checkpoint folder's set-aside folders; none looked for in an object store (the trainer reports its own)."""
-    return [] if plan.checkpoint_dir is None else list(set_aside_folders(plan.checkpoint_dir))
+def newest_committed(root: location.Root) -> Optional[Candidate]:
+    """The newest checkpoint with a manifest (what the trainer resumes from), in a folder or an object store."""
+    return next((c for c in location.store_for(root).list_checkpoints(root) if c.manifest is not None), None)
+
+
+def _set_aside(plan: LocalPlan) -> list[location.Root]:
+    """The set-aside folders (prefixes) where the checkpoints are."""
+    root = checkpoint_root(plan)
+    return [] if root is None else list(location.store_for(root).set_aside_folders(root))
 
 
 def _prepare(plan: LocalPlan) -> None:
@@ -441,7 +455,8 @@ def _prepare(plan: LocalPlan) -> None:
 def _summary(plan: LocalPlan, runner: _Runner, status: str, restarts: int, message: str, wall_seconds: float,
              set_aside_before: set[Path], overrides: tuple[str, ...]) -> RunSummary:
     doc = read_progress(plan.progress_file)
-    last = newest_committed(plan.checkpoint_dir) if plan.checkpoint_dir is not None else None
+    root = checkpoint_root(plan)
+    last = newest_committed(root) if root is not None else None
     return RunSummary(
         status=status,
         step=max(last.step if last else 0, doc.step if doc else 0),
@@ -509,14 +524,21 @@ def _run(plan_for: Callable[[], LocalPlan], stream: TextIO, overrides: tuple[str
 
 def _start_point(plan: LocalPlan) -> Optional[Candidate]:
     """What the trainers will start from, checkpoint.resumeFrom applied (they refuse a step that is not committed).
-    In an object store the trainers find it themselves: None."""
-    if plan.checkpoint_dir is None:
+    An object store that cannot be reached is named here, before any worker starts."""
+    root = checkpoint_root(plan)
+    if root is None:
         return None
     checkpoint, run = plan.job.spec.checkpoint, run_id(plan.job)
-    refused = resume_from.refusal(plan.checkpoint_dir, checkpoint, run)
+    try:
+        refused = resume_from.refusal(root, checkpoint, run)
+        start = resume_from.start_point(root, checkpoint, run)
+    except Exception as exc:
+        if not location.is_bucket(root):
+            raise
+        raise LocalRunError(f"spec.checkpoint.uri {root}: {bucket.explain(exc, root)}") from None
     if refused is not None:
         raise LocalRunError(f"spec.checkpoint.resumeFrom: {refused}")
-    return resume_from.start_point(plan.checkpoint_dir, checkpoint, run)
+    return start
 
 
 def _supervise(plan_for: Callable[[], LocalPlan], plan: LocalPlan, done: Optional[Candidate], stream: TextIO,

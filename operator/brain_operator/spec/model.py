@@ -408,8 +408,9 @@ class JobSpec(TrainerSections):
             yield from self._node_range_problems(low, high, name)
 
     def uses_store(self) -> bool:
-        """Checkpoints or data in an object store: the workers reach it over the network."""
-        return self.checkpoint.uri is not None or self.data.uri is not None
+        """Checkpoints, data or initial weights in an object store: the workers reach it over the network."""
+        init_from = self.model.init_from
+        return self.checkpoint.uri is not None or self.data.uri is not None or bool(init_from and is_uri(init_from))
 
     def _store_problems(self, name: Names) -> Iterator[tuple[str, str]]:
         """spec.objectStore serves a URI, and its endpoint is the one AWS_ENDPOINT_URL of the trainer."""
@@ -417,7 +418,8 @@ class JobSpec(TrainerSections):
         if store is None:
             return
         if not self.uses_store():
-            yield "object_store", f"applies to {name('checkpoint.uri')} and {name('data.uri')}: set one, or remove it"
+            yield "object_store", (f"applies to {name('checkpoint.uri')} and {name('data.uri')} (and an s3:// "
+                                   f"{name('model.init_from')}): set one, or remove it")
         if store.endpoint is None:
             return
         why = f"{quoted(AWS_ENDPOINT_URL)} is set from {name('object_store.endpoint')}: set the endpoint there alone"

@@ -6,8 +6,9 @@
 
 Both modules offer the same functions with the same meaning (store.py's docstring); what differs is how a
 commit is made atomic: a rename on a volume, the manifest written last on a bucket (bucket.py). Only the
-manager, resume_from and the DCP reader and writer (shards.py) route through here; everything above them
-sees a committed checkpoint either way.
+manager, resume_from, the DCP reader and writer (shards.py) and the readers outside training (export,
+model.init_from, generate and eval's loading, `braintrain checkpoints`, the local runner) route through here;
+everything above them sees a committed checkpoint either way.
 
 Torch-free; importing it loads no S3 client (bucket.py imports boto3 and s3fs when first used).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from types import ModuleType
-from typing import Mapping, Union
+from typing import Mapping, Optional, Union
 
 from ..schema import ConfigError, FieldError
 from ..uris import is_uri, place_problem
@@ -49,6 +50,13 @@ def is_bucket(path: object) -> bool:
 def store_for(path: Root) -> ModuleType:
     """The module that keeps checkpoints at `path`: bucket for a bucket's prefix, store for a folder."""
     return bucket if is_bucket(path) else store
+
+
+def committed(path: Root) -> Optional[Root]:
+    """The committed checkpoint `path` names: itself when it holds a manifest, else its newest committed step (a
+    checkpoint.dir); None when it is neither. What export, model.init_from, generate and eval read."""
+    files = store_for(path)
+    return path if files.is_file(path / store.MANIFEST) else files.latest_checkpoint(path)
 
 
 def lease_for(root: Root, ttl_s: float, *, rank: int, env: Mapping[str, str] = os.environ) -> VolumeLease:

@@ -54,7 +54,8 @@ class ModelConfig:
     init_from: Optional[str] = setting(
         None,
         help="start from these weights (optimizer and data position start fresh): a committed checkpoint folder, "
-        "or a safetensors file or folder (model.safetensors, or an index with shards); the pods must see the path",
+        "or a safetensors file or folder (model.safetensors, or an index with shards); the pods must see the path; "
+        "or s3://bucket/prefix: a committed checkpoint step in an object store, or its checkpoint.dir (the newest)",
     )
     vocab_size: Optional[int] = setting(
         None,
@@ -62,6 +63,11 @@ class ModelConfig:
         help="token ids the preset embeds and predicts; default: the dataset tokenizer's (data.source tokens), "
         "else 256 bytes; set by hand it must match the dataset's",
     )
+
+    def check(self, name: Names) -> Iterator[tuple[str, str]]:
+        problem = place_problem(self.init_from) if self.init_from else None
+        if problem is not None:
+            yield "init_from", problem
 
 
 @dataclass

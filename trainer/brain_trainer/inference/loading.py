@@ -1,4 +1,5 @@
-"""A trained model and its tokenizer, from a committed checkpoint (or a checkpoint.dir) or a `braintrain export`.
+"""A trained model and its tokenizer, from a committed checkpoint (or a checkpoint.dir), on a volume or a bucket
+(s3://bucket/prefix), or a `braintrain export`.
 
 The model is built on the meta device and materialised only to be loaded
 (`model.init_from`'s readers: any world size's checkpoint, or the safetensors).
@@ -19,7 +20,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
-from ..checkpoint import store
+from ..checkpoint import bucket, location, store
 from ..checkpoint.compat import MODEL, SETTINGS
 from ..config import ModelConfig
 from ..config.presets import VOCAB_SIZE, BrainAIConfig
@@ -40,7 +41,7 @@ class LoadError(Exception):
 class Origin:
     """What PATH is: an export (its config.json) or a committed checkpoint (its manifest)."""
 
-    path: Path
+    path: location.Root
     export_config: Optional[dict[str, Any]]
     manifest: Optional[dict[str, Any]]
 
@@ -50,18 +51,26 @@ class Origin:
 
 
 def origin(path: str | Path) -> Origin:
-    path = Path(path)
-    config = path / EXPORT_CONFIG
-    if config.is_file() and not (path / store.MANIFEST).is_file():
-        return Origin(path, json.loads(config.read_text()), None)
-    folder = path if (path / store.MANIFEST).is_file() else store.latest_checkpoint(path)
-    if folder is None:
-        raise LoadError(f"{path}: neither an export (no {EXPORT_CONFIG}) nor a committed checkpoint or a folder "
-                        "of them")
     try:
-        return Origin(folder, None, store.read_manifest(folder))
+        root = location.root_of(path)
+    except ConfigError as exc:  # a URI of another scheme: named as the command's argument, not checkpoint.dir
+        raise LoadError(f"{path}: {exc.errors[0].message}") from None
+    config = None if location.is_bucket(root) else root / EXPORT_CONFIG
+    if config is not None and config.is_file() and not (root / store.MANIFEST).is_file():
+        return Origin(root, json.loads(config.read_text()), None)
+    try:
+        folder = location.committed(root)
+        manifest = None if folder is None else location.store_for(folder).read_manifest(folder)
     except store.ManifestError as exc:
         raise LoadError(str(exc)) from None
+    except Exception as exc:  # a bucket's: boto's errors, named (no bucket, denied, unreachable, no credentials)
+        if not location.is_bucket(root):
+            raise
+        raise LoadError(f"{root}: {bucket.explain(exc, root)}") from None
+    if folder is None:
+        raise LoadError(f"{root}: neither an export (no {EXPORT_CONFIG}) nor a committed checkpoint or a folder "
+                        "of them")
+    return Origin(folder, None, manifest)
 
 
 def meta_model(found: Origin) -> nn.Module:

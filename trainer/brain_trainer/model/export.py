@@ -50,13 +50,10 @@ class ExportError(Exception):
 def resolve(checkpoint: str | os.PathLike) -> location.Root:
     """The committed checkpoint folder (or a bucket's prefix: s3://...) that CHECKPOINT names."""
     path = location.root_of(checkpoint)
-    files = location.store_for(path)
-    if files.is_file(path / store.MANIFEST):
-        return path
-    latest = files.latest_checkpoint(path)
-    if latest is None:
+    found = location.committed(path)
+    if found is None:
         raise ExportError(f"{path}: neither a committed checkpoint (no {store.MANIFEST}) nor a folder holding one")
-    return latest
+    return found
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ The path names a committed checkpoint folder (its model weights only: the
 optimizer, schedule and data position start fresh), a checkpoint.dir (its
 newest committed checkpoint), or safetensors: a `.safetensors` file, or a
 folder holding `model.safetensors` or `model.safetensors.index.json` with its
-shards (what `braintrain export` writes). `open_source` checks it against the
+shards (what `braintrain export` writes). An `s3://bucket/prefix` names a
+committed checkpoint step on a bucket, or a bucket's checkpoint.dir (its
+newest); safetensors are read from a volume only. `open_source` checks it against the
 model built on the meta device, before anything is materialised or trained:
 one line naming the field, the file and the first tensor that does not match.
 Loading then reads only what each rank holds (DCP reshards a checkpoint;
@@ -22,12 +24,13 @@ from safetensors import safe_open
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-from ..checkpoint import compat, shards, store
+from ..checkpoint import bucket, compat, location, shards, store
 from ..checkpoint.compat import first_difference
 from ..checkpoint.manager import load_model
 from ..checkpoint.state import MODEL_PREFIX
 from ..config import TrainerConfig
 from ..schema import ConfigError, FieldError, to_dict
+from ..uris import is_uri, place_problem
 from .safetensors_io import INDEX_FILE, SINGLE_FILE, SUFFIX, SafetensorsError, read_weights
 from .seeded_init import local_box
 
@@ -63,10 +66,10 @@ class WeightSource(Protocol):
 class CheckpointSource:
     """The model weights of a committed checkpoint (any world size wrote it)."""
 
-    def __init__(self, folder: Path, expected: dict[str, tuple[int, ...]]):
+    def __init__(self, folder: location.Root, expected: dict[str, tuple[int, ...]]):
         self.folder = folder
         try:
-            self.manifest = store.read_manifest(folder)
+            self.manifest = location.store_for(folder).read_manifest(folder)
             saved = shards.saved_shapes(folder)
         except store.ManifestError as exc:
             raise ConfigError([FieldError(FIELD, str(exc))]) from None
@@ -136,8 +139,10 @@ def open_source(path_text: str, model: nn.Module) -> WeightSource:
     checkpoint that is not committed, a damaged file, names or shapes that
     differ from the model's.
     """
-    path = Path(path_text)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if is_uri(path_text):
+        return _bucket_source(path_text, expected)
+    path = Path(path_text)
     if not path.exists():
         raise init_from_error(path, "does not exist (the pods must see it: the checkpoint volume or a data volume)")
     if path.is_file():
@@ -157,6 +162,22 @@ def open_source(path_text: str, model: nn.Module) -> WeightSource:
             path, f"holds neither a committed checkpoint ({store.MANIFEST}) nor safetensors ({SINGLE_FILE} or {INDEX_FILE})"
         )
     return source
+
+
+def _bucket_source(uri: str, expected: dict[str, tuple[int, ...]]) -> WeightSource:
+    """A committed checkpoint step on a bucket, or the newest of a bucket's checkpoint.dir."""
+    problem = place_problem(uri)
+    if problem is not None:
+        raise ConfigError([FieldError(FIELD, problem)])
+    path = location.root_of(uri)
+    try:
+        found = location.committed(path)
+    except Exception as exc:  # boto's errors, each named (no bucket, denied, unreachable, no credentials)
+        raise init_from_error(path, bucket.explain(exc, path)) from None
+    if found is None:
+        raise init_from_error(path, f"holds no committed checkpoint ({store.MANIFEST}) and no step-XXXXXXXX/ with one "
+                                    "(safetensors are read from a volume only)")
+    return CheckpointSource(found, expected)
 
 
 def manifest_fields(cfg: TrainerConfig, source: Optional[WeightSource]) -> dict[str, Any]:
