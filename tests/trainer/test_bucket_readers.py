@@ -33,15 +33,11 @@ STEPS = 2
 
 @pytest.fixture(scope="module", autouse=True)
 def s3_env(s3):
-    """The endpoint and credentials where boto looks; this process's clients made anew for them."""
+    """The endpoint and credentials where boto looks (brain_trainer/s3.py makes clients per endpoint)."""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in s3.env.items():
             patch.setenv(name, value)
-        bucket._client_made.cache_clear()
-        bucket._filesystem_made.cache_clear()
         yield s3
-    bucket._client_made.cache_clear()
-    bucket._filesystem_made.cache_clear()
 
 
 def cli(capsys, *argv) -> tuple[int, list[str], str]:
@@ -116,12 +112,10 @@ def test_checkpoints_names_a_bad_uri_a_missing_bucket_and_an_unreachable_store(t
     assert (code, err) == (1, f"braintrain: {tmp_path / 'nothing'}: no such folder\n")
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # discard: nothing listens
-    bucket._client_made.cache_clear()
     try:
         code, _, err = cli(capsys, "checkpoints", "s3://any/prefix")
     finally:
         monkeypatch.undo()
-        bucket._client_made.cache_clear()
     assert code == 1 and err.startswith("braintrain: s3://any/prefix: endpoint http://127.0.0.1:9 unreachable")
 
 
