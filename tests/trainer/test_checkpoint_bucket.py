@@ -1,9 +1,10 @@
 """Checkpoints on object storage (checkpoint.dir: s3://bucket/prefix) against a real S3 server (moto's, the `s3`
 fixture): the guarantees of a volume, the manifest as the commit (docs/checkpoints.md, "On object storage").
 
-- a 2-rank torchrun job on a bucket, SIGKILLed while an asynchronous save of step 8 is written but not
-  committed, resumes from step 4 (the manifest-less step 8 ignored, then removed) and ends bitwise where an
-  uninterrupted run on a volume ends; keep_last then holds the two newest steps, whole;
+- a 2-rank torchrun job on a bucket, SIGKILLed while an asynchronous save of step 4 is written but not
+  committed, resumes from step 2 (the manifest-less step 4 ignored, then removed) and ends bitwise where an
+  uninterrupted run on a volume ends (the same job on 2 forked ranks); keep_last then holds the two newest
+  steps, whole;
 - two jobs on one prefix: the second is refused naming the first; a newer group fences the older one, whose
   commit writes no manifest; a renewal whose lease object changed under it (If-Match) is fenced too;
 - a hostile .metadata (its checksum fixed up) is refused without unpickling, on both ranks, and moved aside;
@@ -14,7 +15,6 @@ fixture): the guarantees of a volume, the manifest as the commit (docs/checkpoin
 from __future__ import annotations
 
 import json
-import logging
 import os
 import pickle
 import signal
@@ -27,12 +27,13 @@ from safetensors.torch import load_file
 from botocore.exceptions import ClientError
 from harness import run_ranks
 from processes import start, torchrun
-from test_checkpoint_resume import NO_SHARED_STORE, logged_run, write_config
+from test_checkpoint_resume import NO_SHARED_STORE, write_config
 from test_checkpoint_safety import Payload, _state
 
 from brain_trainer.checkpoint import CheckpointManager, bucket, location, shards, store
 from brain_trainer.checkpoint.bucket_lease import BucketLease
 from brain_trainer.config import CheckpointConfig, load_config
+from brain_trainer.loop.train import train
 from brain_trainer.model.export import export
 from brain_trainer.contract import CONFIG_ERROR_REASON, FENCED, step_dir_name
 from brain_trainer.resilience.failures import Fatal
@@ -72,42 +73,54 @@ def _model(folder) -> dict[str, torch.Tensor]:
     return shards.load_prefix(folder, "model")
 
 
+STEPS, EVERY = 6, 2  # checkpoints at steps 2, 4 (held, then killed) and 6: the fewest that show a resume
+
+
+def _job(tmp: Path, name: str, checkpoint_dir: str | None = None) -> Path:
+    """test_checkpoint_resume's 2-rank DDP job, STEPS steps, a checkpoint every EVERY, keep_last 2."""
+    path = write_config(tmp, name, STEPS, "ddp")
+    config = yaml.safe_load(path.read_text())
+    config["checkpoint"] |= {"interval_steps": EVERY, **({"dir": checkpoint_dir} if checkpoint_dir else {})}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def uninterrupted(rank: int, world_size: int, config: str) -> int:
+    """The reference job on forked ranks: the same config, world size and one thread as under torchrun (its
+    numerics: the test's bitwise comparison holds them to that), without a torchrun launch's seconds."""
+    return train(load_config(Path(config))).step
+
+
 def test_sigkill_during_an_async_save_on_a_bucket_resumes_bitwise_from_the_last_commit(s3env, tmp_path):
-    reference = write_config(tmp_path, "reference", 12, "ddp")
-    proc = logged_run(torchrun("-m", "brain_trainer", "--config", reference), tmp_path / "reference.out",
-                      env={**os.environ, "OMP_NUM_THREADS": "1", **NO_SHARED_STORE})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert run_ranks(uninterrupted, 2, str(_job(tmp_path, "reference"))) == [STEPS, STEPS]
 
     uri = s3env.bucket() + "/runs/a"
-    killed = write_config(tmp_path, "killed", 12, "ddp")
-    config = yaml.safe_load(killed.read_text())
-    config["checkpoint"]["dir"] = uri
-    killed.write_text(yaml.safe_dump(config))
     root = location.root_of(uri)
-    with start(torchrun("--max-restarts", "1", HERE / "hold_commit.py", "--config", killed), timeout=240, cwd=HERE,
-               env={**os.environ, "OMP_NUM_THREADS": "1", "HOLD_COMMIT_STEP": "8", **NO_SHARED_STORE}) as job:
+    held, last = 2 * EVERY, EVERY
+    command = torchrun("--max-restarts", "1", HERE / "hold_commit.py", "--config", _job(tmp_path, "killed", uri))
+    with start(command, timeout=240, cwd=HERE,
+               env={**os.environ, "OMP_NUM_THREADS": "1", "HOLD_COMMIT_STEP": str(held), **NO_SHARED_STORE}) as job:
         for line in job.lines():
-            if line.startswith("holding commit of step 8 in pid "):
-                pending = root / step_dir_name(8)
-                names = bucket.objects(pending)
+            if line.startswith(f"holding commit of step {held} in pid "):
+                names = bucket.objects(root / step_dir_name(held))
                 assert shards.METADATA_FILE in names and store.MANIFEST not in names, names
-                assert bucket.latest_checkpoint(root) == root / step_dir_name(4)  # step 8 is not committed
+                assert bucket.latest_checkpoint(root) == root / step_dir_name(last)  # the held step is not committed
                 os.kill(int(line.split()[-1]), signal.SIGKILL)
         code = job.wait()
     text = job.output
     (tmp_path / "killed.out").write_text(text)
     assert code == 0, text[-4000:]
-    assert f"removing uncommitted checkpoint {root / step_dir_name(8)}" in text
-    assert f"resumed from {root / step_dir_name(4)}: step 4" in text and "torchrun restart count 1" in text
+    assert f"removing uncommitted checkpoint {root / step_dir_name(held)}" in text
+    assert f"resumed from {root / step_dir_name(last)}: step {last}" in text and "torchrun restart count 1" in text
 
-    ref, got = _model(tmp_path / "reference" / step_dir_name(12)), _model(root / step_dir_name(12))
+    ref, got = _model(tmp_path / "reference" / step_dir_name(STEPS)), _model(root / step_dir_name(STEPS))
     assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
     # keep_last: 2 — the two newest steps, whole; the lease and resume_from's record beside them.
-    assert [n for n in _names(uri) if n.startswith("step-")] == [step_dir_name(8), step_dir_name(12)]
-    assert bucket.objects(root / step_dir_name(4)) == {}
+    assert [n for n in _names(uri) if n.startswith("step-")] == [step_dir_name(held), step_dir_name(STEPS)]
+    assert bucket.objects(root / step_dir_name(last)) == {}
     assert not list(bucket._uploads(root))
     # braintrain export reads the bucket's newest committed step.
-    assert export(uri, tmp_path / "export") == (root / step_dir_name(12), 1)
+    assert export(uri, tmp_path / "export") == (root / step_dir_name(STEPS), 1)
     export(tmp_path / "reference", tmp_path / "reference-export")
     ours, theirs = (load_file(tmp_path / name / "model.safetensors") for name in ("export", "reference-export"))
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
