@@ -39,7 +39,7 @@ our overhead, not a network):
   streamed as multipart uploads, checksums, .metadata, the manifest written
   last, the lease checked before it);
 - raw upload: every rank at once uploads one object as large as its shards
-  with boto3's managed transfer, in parts of bucket.BLOCK with
+  with boto3's managed transfer, in parts of s3.PART_BYTES with
   bucket_files.UPLOAD_THREADS parts in flight per rank (our writer's part
   size and streams per rank);
 - restore: a fresh CheckpointManager's restore(): every object verified
@@ -81,6 +81,7 @@ from brain_trainer.checkpoint import CheckpointManager, TrainState, bucket, stor
 from brain_trainer.checkpoint.bucket import BucketPath  # noqa: E402
 from brain_trainer.checkpoint.bucket_files import UPLOAD_THREADS  # noqa: E402
 from brain_trainer.config import CheckpointConfig  # noqa: E402
+from brain_trainer.s3 import PART_BYTES, client  # noqa: E402
 
 WIDTH, LAYERS = 2880, 12  # 12 x (2880^2 + 2880) = 99.6M parameters (--params 100)
 CHUNK = 8 << 20
@@ -234,16 +235,16 @@ def report(ranks: int, per_rank: list[dict], repeats: int, width: int) -> None:
 def transfer_config():
     from boto3.s3.transfer import TransferConfig
 
-    return TransferConfig(multipart_threshold=bucket.BLOCK, multipart_chunksize=bucket.BLOCK,
+    return TransferConfig(multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES,
                           max_concurrency=UPLOAD_THREADS)
 
 
 def raw_upload(path: BucketPath, payload: bytes) -> None:
-    bucket.client().upload_fileobj(io.BytesIO(payload), path.bucket, path.key, Config=transfer_config())
+    client().upload_fileobj(io.BytesIO(payload), path.bucket, path.key, Config=transfer_config())
 
 
 def raw_download(path: BucketPath) -> None:
-    bucket.client().download_fileobj(path.bucket, path.key, io.BytesIO(), Config=transfer_config())
+    client().download_fileobj(path.bucket, path.key, io.BytesIO(), Config=transfer_config())
 
 
 def bench_bucket(rank: int, world_size: int, base: str, repeats: int, width: int) -> dict:
@@ -293,7 +294,7 @@ def report_bucket(ranks: int, per_rank: list[dict], repeats: int, width: int, en
     print(f"  checkpoint size:         {total / 1e9:.3f} GB ({raw_total / 1e9:.3f} GB of shards)")
     print(f"  sharded save (sync):     {total / 1e9 / sync:6.3f} GB/s  ({sync:.2f} s to committed)")
     print(f"  raw parallel upload:     {raw_total / 1e9 / raw:6.3f} GB/s  ({raw:.2f} s, "
-          f"{bucket.BLOCK >> 20} MiB parts, {UPLOAD_THREADS} in flight per rank)")
+          f"{PART_BYTES >> 20} MiB parts, {UPLOAD_THREADS} in flight per rank)")
     print(f"  ratio save/raw upload:   {(total / sync) / (raw_total / raw):6.2f}")
     print(f"  restore (verify+load):   {total / 1e9 / restore:6.3f} GB/s  ({restore:.2f} s)")
     print(f"  raw parallel download:   {raw_total / 1e9 / raw_read:6.3f} GB/s  ({raw_read:.2f} s)")
@@ -319,11 +320,10 @@ def object_store(where: str | None):
             stack.callback(lambda: (os.environ.clear(), os.environ.update(saved)))
             os.environ.update(moto.env)
             endpoint = f"{moto.endpoint} (moto's server: in memory, on loopback)"
-        bucket._client_made.cache_clear()
         if where is None or "moto" in endpoint:  # moto's server starts empty: its bucket is made too
             where = where or f"s3://ckpt-bench-{uuid.uuid4().hex[:12]}"
-            bucket.client().create_bucket(Bucket=BucketPath.of(where).bucket)
-            stack.callback(lambda: bucket.client().delete_bucket(Bucket=BucketPath.of(where).bucket))
+            client().create_bucket(Bucket=BucketPath.of(where).bucket)
+            stack.callback(lambda: client().delete_bucket(Bucket=BucketPath.of(where).bucket))
         base = BucketPath.of(where) / f"ckpt-bench-{uuid.uuid4().hex[:8]}"
         stack.callback(lambda: bucket.delete_folder(base))
         yield str(base), endpoint
