@@ -88,9 +88,10 @@ class _WithBatchNorm(nn.Module):
 
 
 def test_setup_creates_and_cleanup_destroys_its_own_group(monkeypatch):
-    """Without a group, setup rendezvouses through env:// and cleanup tears it down again."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "0")  # one rank: its store binds whatever port the kernel gives it
+    """Without a group, setup creates one and cleanup tears it down again. A group of one rendezvouses with
+    nobody: no MASTER_ADDR or MASTER_PORT, no port bound (env:// would need both and start a TCPStore server)."""
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
     assert not dist.is_initialized()
     timeouts = []
     init = dist.init_process_group

@@ -57,7 +57,7 @@ def use_local_device() -> torch.device:
 
 
 def ensure_process_group(config: DistributedConfig, rank: int, world_size: int) -> bool:
-    """Join the default process group (env:// rendezvous); reuse one that exists.
+    """Join the default process group (env:// rendezvous; a group of one needs none); reuse one that exists.
 
     Returns True when this call created the group, so the caller knows it owns it.
     """
@@ -71,8 +71,14 @@ def ensure_process_group(config: DistributedConfig, rank: int, world_size: int) 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank: must be in [0, world_size={world_size}), got {rank}")
     backend = config.resolved_backend(torch.cuda.is_available())
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=config.timeout_seconds))
+    timeout = timedelta(seconds=config.timeout_seconds)
+    if world_size == 1:
+        # Nobody joins a group of one: an in-memory store, no port. env:// would start a TCPStore server on
+        # MASTER_PORT, and torch's multi-tenant servers (one per port and process, port 0 included) made a second
+        # one-rank group in a long-lived process hang at rendezvous (seen in the test suite, minutes to CI's limit).
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
     return True
 
 
