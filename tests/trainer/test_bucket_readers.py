@@ -31,13 +31,7 @@ from brain_trainer.schema import ConfigError
 STEPS = 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def s3_env(s3):
-    """The endpoint and credentials where boto looks (brain_trainer/s3.py makes clients per endpoint)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in s3.env.items():
-            patch.setenv(name, value)
-        yield s3
+pytestmark = pytest.mark.usefixtures("s3env")  # tests/conftest.py: the server in this process's environment
 
 
 def cli(capsys, *argv) -> tuple[int, list[str], str]:
@@ -57,15 +51,15 @@ def put(s3, uri: str, key: str, body: bytes = b"x") -> None:
 
 
 @pytest.fixture(scope="module")
-def trained(s3, tmp_path_factory) -> tuple[str, str]:
+def trained(s3env, tmp_path_factory) -> tuple[str, str]:
     """(a 2-step job's checkpoint.dir on a bucket, its step 2 copied object for object to a folder)."""
-    root = f"{s3.bucket()}/job"
+    root = f"{s3env.bucket()}/job"
     train(small_run(root, STEPS))
     name, _, prefix = root[len("s3://"):].partition("/")
     step = step_dir_name(STEPS)
     folder = tmp_path_factory.mktemp("copy") / step
     folder.mkdir()
-    client = s3.client()
+    client = s3env.client()
     for item in client.list_objects_v2(Bucket=name, Prefix=f"{prefix}/{step}/")["Contents"]:
         client.download_file(name, item["Key"], str(folder / item["Key"].rsplit("/", 1)[1]))
     return root, str(folder)

@@ -43,14 +43,6 @@ from brain_trainer.schema import ConfigError
 HERE = Path(__file__).parent
 
 
-@pytest.fixture
-def s3env(s3, monkeypatch):
-    """This process (and the ranks it forks) reaching the S3 server (s3.py makes clients per endpoint)."""
-    for name, value in s3.env.items():
-        monkeypatch.setenv(name, value)
-    return s3
-
-
 def _manager(root: str, rank: int = 0, world_size: int = 1, keep_last: int = 5) -> CheckpointManager:
     return CheckpointManager(CheckpointConfig(dir=root, interval_steps=0, keep_last=keep_last, async_save=False),
                              rank=rank, world_size=world_size, config_hash="h")

@@ -27,13 +27,7 @@ SHARD_TOKENS = 4096  # 5 train shards and 7 validation shards: windows cross sha
 SEQ_LEN = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def s3_env(s3):
-    """The endpoint and credentials in this process's environment, where boto looks (and the ranks inherit)."""
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in s3.env.items():
-            patch.setenv(name, value)
-        yield s3
+pytestmark = pytest.mark.usefixtures("s3env")  # tests/conftest.py: the server in this process's environment
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +39,9 @@ def folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bucket(s3, folder):
+def bucket(s3env, folder):
     """The same corpus prepared into a bucket (by `braintrain prepare`'s code, in this process)."""
-    uri = f"{s3.bucket()}/datasets/json"
+    uri = f"{s3env.bucket()}/datasets/json"
     argv = [*stdlib_globs("json"), "--out", uri, "--val-fraction", "0.2", "--shard-tokens", str(SHARD_TOKENS)]
     assert prepare_main(argv) == 0
     return uri

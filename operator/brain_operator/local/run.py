@@ -486,12 +486,14 @@ def run_job(
     base_dir: Path,
     workdir: Optional[Path] = None,
     claims: Optional[Path] = None,
-    stream: TextIO = sys.stdout,
+    stream: Optional[TextIO] = None,
     defaults: Optional[OperatorDefaults] = None,
     overrides: tuple[str, ...] = (),
 ) -> int:
-    """Run the job's workers locally; the exit code is 0 only when it succeeded. `overrides`: the `--set`s already
-    applied to `manifest`, which the summary lists."""
+    """Run the job's workers locally; the exit code is 0 only when it succeeded. `stream`: the display's (None:
+    sys.stdout as it is when called). `overrides`: the `--set`s already applied to `manifest`, which the summary
+    lists."""
+    stream = stream if stream is not None else sys.stdout
     # One metrics port for the whole run (trainer.yaml, which carries it, is written once), held until the
     # run ends so that nobody takes it before a rank 0 listens on it, at any attempt.
     with held_port() as metrics_port:

@@ -116,7 +116,9 @@ def _prompts(args: argparse.Namespace) -> list[str]:
         raise LoadError(f"{args.prompts}: cannot read the prompts: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, out: Optional[TextIO] = None) -> int:
+    """Stream each prompt's continuation to `out` (None: sys.stdout as it is when called, not at import)."""
+    out = out if out is not None else sys.stdout
     sampling = Sampling(0.0 if args.greedy else args.temperature, args.top_k, args.top_p, args.max_new_tokens,
                         args.seed)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -73,9 +73,9 @@ def ensure_process_group(config: DistributedConfig, rank: int, world_size: int) 
     backend = config.resolved_backend(torch.cuda.is_available())
     timeout = timedelta(seconds=config.timeout_seconds)
     if world_size == 1:
-        # Nobody joins a group of one: an in-memory store, no port. env:// would start a TCPStore server on
-        # MASTER_PORT, and torch's multi-tenant servers (one per port and process, port 0 included) made a second
-        # one-rank group in a long-lived process hang at rendezvous (seen in the test suite, minutes to CI's limit).
+        # Nobody joins a group of one: an in-memory store, no port. Through env:// it would depend on what a
+        # long-lived process holds from earlier runs (exported launch variables, torch's per-port TCPStore
+        # servers); the test suite's in-process runs hung there.
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout)

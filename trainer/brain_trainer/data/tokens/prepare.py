@@ -164,8 +164,10 @@ def choose_tokenizer(options: PrepareOptions, corpus: Corpus, stream: TextIO) ->
     return parse_tokenizer(Path(options.tokenizer), options.tokenizer, options.eot_token, options.add_eot_token)
 
 
-def prepare(options: PrepareOptions, stream: TextIO = sys.stderr) -> Manifest:
-    """Make the dataset folder (or s3://bucket/prefix) `options.out`; progress goes to `stream`. Returns its manifest."""
+def prepare(options: PrepareOptions, stream: Optional[TextIO] = None) -> Manifest:
+    """Make the dataset folder (or s3://bucket/prefix) `options.out`; progress goes to `stream` (None: sys.stderr
+    as it is when called). Returns its manifest."""
+    stream = stream if stream is not None else sys.stderr
     corpus = Corpus(expand(options.inputs), options.text_field, options.skip_bad)
     if not is_uri(options.out):
         out = Path(options.out)
