@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 
 import pytest
 from fake_cluster import FakeCluster
+from test_data_volume import pod_specs
 
 from brain_operator.backends import render
 from brain_operator.reconcile import reconcile
@@ -32,14 +33,6 @@ def manifest(backend="elastic", store=None, **spec):
         "spec": {"image": "registry.example/trainer:1", "backend": backend, "nodes": 2,
                  "checkpoint": {"uri": "s3://team-a-ckpt/llm"}, **({"objectStore": store} if store else {}), **spec},
     }
-
-
-def pod_specs(objects):
-    for obj in objects:
-        if obj["kind"] == "Pod":
-            yield obj["spec"]
-        elif obj["kind"] == "PyTorchJob":
-            yield from (r["template"]["spec"] for r in obj["spec"]["pytorchReplicaSpecs"].values())
 
 
 def trainers(backend, **kwargs):

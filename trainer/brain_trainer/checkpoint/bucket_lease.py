@@ -32,11 +32,11 @@ from .lease import (
     LEASE_PREFIX,
     Record,
     VolumeLease,
-    _parse,
     _text,
     decide,
     fenced_line,
     lease_path,
+    newest_record,
     refusal_line,
 )
 
@@ -54,16 +54,8 @@ def generations(root: BucketPath) -> list[int]:
 
 
 def read_newest(root: BucketPath) -> Optional[Record]:
-    """The newest record; None when there is none (a newest deleted under us is read again)."""
-    for _ in range(_TRIES):
-        found = generations(root)
-        if not found:
-            return None
-        try:
-            return _parse(found[-1], bucket.read_text(lease_path(root, found[-1])))
-        except FileNotFoundError:
-            continue
-    raise RuntimeError(f"{root}: the newest lease object kept vanishing")
+    """The newest record under the prefix; None when there is none."""
+    return newest_record(root, lambda: generations(root), lambda g: bucket.read_text(lease_path(root, g)))
 
 
 def put(path: BucketPath, text: str, **condition: str) -> Optional[str]:

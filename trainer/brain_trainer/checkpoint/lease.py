@@ -168,17 +168,23 @@ def _parse(generation: int, text: str) -> Record:
         return Record(generation, "an unreadable lease", 0.0, 0.0, 0.0)
 
 
-def read_newest(root: Path) -> Optional[Record]:
-    """The newest record; None when there is none (a newest deleted under us is read again)."""
+def newest_record(root: Any, listed: Callable[[], list[int]], text_of: Callable[[int], str]) -> Optional[Record]:
+    """The newest of the generations `listed` gives, read by `text_of` (a volume's files, a bucket's objects); None
+    when there is none. A newest deleted under us (FileNotFoundError) is listed and read again."""
     for _ in range(_TRIES):
-        found = generations(root)
+        found = listed()
         if not found:
             return None
         try:
-            return _parse(found[-1], lease_path(root, found[-1]).read_text())
+            return _parse(found[-1], text_of(found[-1]))
         except FileNotFoundError:
             continue
-    raise RuntimeError(f"{root}: the newest lease file kept vanishing")
+    raise RuntimeError(f"{root}: the newest lease kept vanishing")
+
+
+def read_newest(root: Path) -> Optional[Record]:
+    """The newest record in the folder; None when there is none."""
+    return newest_record(root, lambda: generations(root), lambda g: lease_path(root, g).read_text())
 
 
 def _text(record: Record) -> str:
