@@ -22,7 +22,6 @@ import re
 import time
 from typing import Callable, Optional
 
-from ..contract import FENCED
 from ..resilience.failures import Fatal
 from ..s3 import client
 from . import bucket
@@ -79,7 +78,7 @@ class BucketLease(VolumeLease):
         if problem is not None:
             return problem
         for _ in range(_TRIES):
-            newest = read_newest(self.root)
+            newest = self.newest()
             how, record = decide(newest, self.holder, time.time(), self.ttl_s)
             if record is None:
                 assert newest is not None
@@ -96,13 +95,8 @@ class BucketLease(VolumeLease):
         older = [lease_path(self.root, g).key for g in generations(self.root) if g < generation]
         bucket.delete_keys(self.root.bucket, older)
 
-    def check(self) -> None:
-        """Raise `fenced` when a newer generation holds the prefix (rank 0, before a commit's manifest)."""
-        assert self.record is not None
-        newest = read_newest(self.root)
-        if newest is not None and newest.generation > self.record.generation:
-            self.fenced = fenced_line(self.record.generation, newest, self.where)
-            raise Fatal(FENCED, self.fenced)
+    def newest(self) -> Optional[Record]:
+        return read_newest(self.root)
 
     def _rewrite(self, change: Callable[[Record, float], Record]) -> bool:
         """Rewrite our record (renewed or released) if it is still the one we wrote; whether it is still ours."""
@@ -115,7 +109,7 @@ class BucketLease(VolumeLease):
         record = change(self.record, time.time())
         etag = put(lease_path(self.root, record.generation), _text(record), IfMatch=self._etag)
         if etag is None:
-            self.fenced = fenced_line(self.record.generation, read_newest(self.root), self.where)
+            self.fenced = fenced_line(self.record.generation, self.newest(), self.where)
             log.error("%s (its lease object changed under it)", self.fenced)
             return False
         self.record, self._etag = record, etag

@@ -261,7 +261,7 @@ class VolumeLease:
     def _take(self) -> Optional[str]:
         self.root.mkdir(parents=True, exist_ok=True)
         for _ in range(_TRIES):
-            newest = read_newest(self.root)
+            newest = self.newest()
             how, record = decide(newest, self.holder, time.time(), self.ttl_s)
             if record is None:
                 return refusal_line(newest, self.where, time.time())
@@ -283,10 +283,14 @@ class VolumeLease:
         assert self.record is not None
         return {"lease": {"holder": self.holder, "generation": self.record.generation}}
 
+    def newest(self) -> Optional[Record]:
+        """The newest record where the checkpoints live (a subclass keeps them elsewhere: bucket_lease.py)."""
+        return read_newest(self.root)
+
     def check(self) -> None:
-        """Raise `fenced` when a newer generation holds the volume (rank 0, before a commit's rename)."""
+        """Raise `fenced` when a newer generation holds the volume (rank 0, before a commit's rename or manifest)."""
         assert self.record is not None
-        newest = read_newest(self.root)
+        newest = self.newest()
         if newest is not None and newest.generation > self.record.generation:
             self.fenced = fenced_line(self.record.generation, newest, self.where)
             raise Fatal(FENCED, self.fenced)
